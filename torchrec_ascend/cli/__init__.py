@@ -1,0 +1,1 @@
+"""The torchrec-ascend command line: doctor, policies, conformance, cache-sim."""

@@ -1,0 +1,1 @@
+"""Hash embedding tables: configs for raw 64-bit IDs and the unsharded hash modules."""

@@ -1,0 +1,1 @@
+"""Training pipelines: HybridTrainPipelineSparseDist with host stages on threads."""

@@ -1,0 +1,1 @@
+"""Hybrid sharders: how stock DistributedModelParallel shards hash and plain tables."""
