@@ -1,1 +1,39 @@
-"""The generic hooks H1-H6: patches of stock TorchRec that read every device difference from a backend profile."""
+"""The generic hooks H1-H6: patches of stock TorchRec that read every device difference from a backend profile.
+
+One module per hook point (see README, "How TorchRec is hooked"):
+
+* H1 :mod:`.sharding_allowlist`: sharding types, compute kernels and planner device aliasing per device.
+* H2 :mod:`.kernel_factory`: which kernel class a lookup builds (our hash, KEY_VALUE and device-fix kernels).
+* H3 :mod:`.planner_constants`: bandwidths for (device, kernel) pairs TorchRec has no figure for.
+* H4 :mod:`.pipeline_streams`: streams for train pipelines and ``record_stream`` after collectives.
+* H5 :mod:`.process_group`: ``DistributedModelParallel.copy()`` on builds without NCCL, and other PG plumbing.
+* H6 :mod:`.sparse_ops`: fbgemm ops for devices that lack a kernel (host round trip); not a TorchRec patch.
+* :mod:`.hash_tables`: hash tables inside stock EmbeddingBagCollection/EmbeddingCollection and default sharders.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from torchrec_ascend.injection.patch import Patch
+
+
+def default_patches() -> List[Patch]:
+    """Every patch torchrec-ascend applies, in application order."""
+    from torchrec_ascend.hooks import (
+        hash_tables,
+        kernel_factory,
+        pipeline_streams,
+        planner_constants,
+        process_group,
+        sharding_allowlist,
+    )
+
+    return [
+        *sharding_allowlist.PATCHES,
+        *kernel_factory.PATCHES,
+        *planner_constants.PATCHES,
+        *pipeline_streams.PATCHES,
+        *process_group.PATCHES,
+        *hash_tables.PATCHES,
+    ]

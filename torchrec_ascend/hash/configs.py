@@ -1,0 +1,164 @@
+"""Hash table configs: TorchRec table configs whose IDs are raw int64 values, not row indices.
+
+``HashEmbeddingBagConfig`` / ``HashEmbeddingConfig`` subclass TorchRec's ``EmbeddingBagConfig`` / ``EmbeddingConfig``.
+With only the stock fields set, ``num_embeddings`` is the table's row *capacity* (the most IDs it holds at once) and
+every other option has a default. A new ID's initial row is a function of ``init_seed``, the ID and the column only
+(uniform in ``[weight_init_min, weight_init_max)``, TorchRec's defaults when unset), so results do not depend on
+arrival order, world size or kernel.
+
+Example::
+
+    from torchrec import EmbeddingBagCollection
+    from torchrec_ascend import HashEmbeddingBagConfig
+
+    ebc = EmbeddingBagCollection(tables=[
+        HashEmbeddingBagConfig(name="user", embedding_dim=16, num_embeddings=1_000_000, feature_names=["uid"]),
+    ])
+    # ebc now accepts any non-negative int64 user ID.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Tuple
+
+from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
+
+from torchrec_ascend.errors import ConfigError
+
+OVERFLOW_RULES = ("error", "evict")
+# Key under which a table's HashTableSpec travels in TorchRec's per-table fused_params (which must be hashable).
+FUSED_PARAMS_KEY = "torchrec_ascend_hash"
+
+
+@dataclasses.dataclass(frozen=True)
+class HashTableSpec:
+    """The hash options of one table, frozen and hashable (what kernels receive).
+
+    Args:
+        capacity: the table's row capacity (its ``num_embeddings``).
+        overflow: ``"error"`` raises when an insert finds the table full; ``"evict"`` frees rows chosen by the
+            eviction policy first (counted in the table's metrics).
+        eviction_policy: policy name (see ``torchrec-ascend policies``); used by ``"evict"`` and by the KEY_VALUE
+            device cache.
+        eviction_options: policy options as sorted ``(name, value)`` pairs.
+        admission_policy: policy name deciding whether a new ID gets a row; None admits every ID.
+        admission_options: policy options as sorted pairs.
+        not_admitted_value: every element of the vector a rejected ID is looked up as.
+        init_seed: seed of the deterministic per-ID initialisation.
+        init_min: lower bound of the initial values.
+        init_max: upper bound of the initial values.
+    """
+
+    capacity: int
+    overflow: str = "error"
+    eviction_policy: str = "lru"
+    eviction_options: Tuple[Tuple[str, Any], ...] = ()
+    admission_policy: Optional[str] = None
+    admission_options: Tuple[Tuple[str, Any], ...] = ()
+    not_admitted_value: float = 0.0
+    init_seed: int = 0
+    init_min: float = -0.01
+    init_max: float = 0.01
+
+
+class HashTableOptions:
+    """The fields a hash config adds to TorchRec's (mixed into both config classes)."""
+
+    overflow: str
+    eviction_policy: str
+    eviction_options: Dict[str, Any]
+    admission_policy: Optional[str]
+    admission_options: Dict[str, Any]
+    not_admitted_value: float
+    init_seed: int
+
+    def hash_spec(self) -> HashTableSpec:
+        """This table's options as a frozen :class:`HashTableSpec`."""
+        assert isinstance(self, BaseEmbeddingConfig)
+        return HashTableSpec(
+            capacity=self.num_embeddings,
+            overflow=self.overflow,
+            eviction_policy=self.eviction_policy,
+            eviction_options=tuple(sorted(self.eviction_options.items())),
+            admission_policy=self.admission_policy,
+            admission_options=tuple(sorted(self.admission_options.items())),
+            not_admitted_value=float(self.not_admitted_value),
+            init_seed=int(self.init_seed),
+            init_min=float(self.get_weight_init_min()),
+            init_max=float(self.get_weight_init_max()),
+        )
+
+    def _validate(self) -> None:
+        assert isinstance(self, BaseEmbeddingConfig)
+        where = f"hash table {self.name!r}"
+        if self.num_embeddings <= 0:
+            raise ConfigError(f"{where}: num_embeddings is the row capacity and must be > 0, got {self.num_embeddings}")
+        if self.overflow not in OVERFLOW_RULES:
+            raise ConfigError(f"{where}: overflow must be one of {OVERFLOW_RULES}, got {self.overflow!r}")
+        if not self.eviction_policy:
+            raise ConfigError(f"{where}: eviction_policy must name a policy (see `torchrec-ascend policies`)")
+
+
+@dataclasses.dataclass
+class HashEmbeddingBagConfig(HashTableOptions, EmbeddingBagConfig):
+    """A pooled hash table: an ``EmbeddingBagConfig`` whose IDs are raw int64 values (see module docstring).
+
+    Args:
+        overflow: ``"error"`` (default) or ``"evict"`` when the capacity is full.
+        eviction_policy: eviction policy name, default ``"lru"``.
+        eviction_options: options of the eviction policy.
+        admission_policy: admission policy name; None (default) admits every new ID.
+        admission_options: options of the admission policy.
+        not_admitted_value: value of the vector a rejected ID is looked up as.
+        init_seed: seed of the deterministic per-ID initialisation.
+    """
+
+    overflow: str = "error"
+    eviction_policy: str = "lru"
+    eviction_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    admission_policy: Optional[str] = None
+    admission_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    not_admitted_value: float = 0.0
+    init_seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._validate()
+
+
+@dataclasses.dataclass
+class HashEmbeddingConfig(HashTableOptions, EmbeddingConfig):
+    """A sequence hash table: an ``EmbeddingConfig`` whose IDs are raw int64 values (see module docstring).
+
+    Takes the same extra arguments as :class:`HashEmbeddingBagConfig`.
+    """
+
+    overflow: str = "error"
+    eviction_policy: str = "lru"
+    eviction_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    admission_policy: Optional[str] = None
+    admission_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    not_admitted_value: float = 0.0
+    init_seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._validate()
+
+
+def is_hash_config(config: Any) -> bool:
+    return isinstance(config, HashTableOptions)
+
+
+def hash_spec_of(table: Any) -> Optional[HashTableSpec]:
+    """The :class:`HashTableSpec` a sharded table carries in its fused_params, or None for a plain table."""
+    fused_params = getattr(table, "fused_params", None) or {}
+    return fused_params.get(FUSED_PARAMS_KEY)
+
+
+def is_hash_group(grouped_config: Any) -> bool:
+    """True if a TorchRec ``GroupedEmbeddingConfig`` holds hash tables (groups never mix hash and plain)."""
+    return any(hash_spec_of(t) is not None for t in grouped_config.embedding_tables) or (
+        hash_spec_of(grouped_config) is not None
+    )

@@ -1,0 +1,117 @@
+"""H2: the kernel factory. Chooses our kernel class where one applies, else builds the stock kernel.
+
+TorchRec's lookups build kernels in a closed if/elif on the compute-kernel enum, and new kernel *names* cannot be
+added (the enum is validated on the way). So we keep the stock names and decide by what the table is:
+
+1. a hash table (see :mod:`torchrec_ascend.hash`): our hash kernel for its compute kernel;
+2. ``key_value``: our KEY_VALUE kernel (device cache over host over disk) on every device;
+3. a ``kernel_overrides`` entry of the device's profile (e.g. CPU's dense sequence kernel);
+4. otherwise the stock kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable, Optional, Type
+
+from torchrec_ascend import backends
+from torchrec_ascend.hooks.versions import TORCHREC_1_8
+from torchrec_ascend.injection.patch import Patch
+
+_LOOKUP = "torchrec.distributed.embedding_lookup"
+
+# (lookup kind, compute kernel) -> our kernel class, for tables that are not hash tables.
+_KEY_VALUE = {
+    "pooled": "torchrec_ascend.kernels.key_value:KeyValueEmbeddingBag",
+    "sequence": "torchrec_ascend.kernels.key_value:KeyValueEmbedding",
+}
+# Hash tables: compute kernel -> (pooled class, sequence class).
+_HASH = {
+    "fused": (
+        "torchrec_ascend.kernels.fused:HashFusedEmbeddingBag",
+        "torchrec_ascend.kernels.fused:HashFusedEmbedding",
+    ),
+    "dense": (
+        "torchrec_ascend.kernels.dense:HashDenseEmbeddingBag",
+        "torchrec_ascend.kernels.dense:HashDenseEmbedding",
+    ),
+    "key_value": (
+        "torchrec_ascend.kernels.key_value:KeyValueEmbeddingBag",
+        "torchrec_ascend.kernels.key_value:KeyValueEmbedding",
+    ),
+}
+
+
+def _load(path: str) -> Type[Any]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def kernel_class(kind: str, config: Any, device: Any) -> Optional[Type[Any]]:
+    """Our kernel class for a grouped table config, or None for the stock one.
+
+    Args:
+        kind: ``"pooled"`` (EmbeddingBagCollection) or ``"sequence"`` (EmbeddingCollection).
+        config: torchrec ``GroupedEmbeddingConfig``.
+        device: the ``torch.device`` the kernel is built for.
+    """
+    from torchrec_ascend.hash.configs import is_hash_group
+
+    compute_kernel = config.compute_kernel.value
+    if is_hash_group(config):
+        if compute_kernel not in _HASH:
+            from torchrec_ascend.errors import ConfigError
+
+            names = ", ".join(t.name for t in config.embedding_tables)
+            raise ConfigError(
+                f"hash tables [{names}] cannot use compute kernel {compute_kernel!r}; use one of "
+                f"{', '.join(_HASH)} (ParameterConstraints(compute_kernels=[...]))"
+            )
+        return _load(_HASH[compute_kernel][0 if kind == "pooled" else 1])
+    if compute_kernel == "key_value":
+        return _load(_KEY_VALUE[kind])
+    profile = backends.profile_for(device.type if device is not None else "cpu")
+    override = profile.kernel_overrides.get(f"{kind}/{compute_kernel}") if profile is not None else None
+    return _load(override) if override else None
+
+
+def _pooled_factory(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _create_embedding_kernel(
+        self: Any, config: Any, device: Any, pg: Any, sharding_type: Any, env: Any
+    ) -> Any:
+        cls = kernel_class("pooled", config, device)
+        if cls is None:
+            return original(self, config, device, pg, sharding_type, env)
+        return cls(config=config, pg=pg, device=device, sharding_type=sharding_type, env=env)
+
+    return _create_embedding_kernel
+
+
+def _sequence_factory(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _create_embedding_kernel(self: Any, config: Any, pg: Any, device: Any, env: Any = None) -> Any:
+        cls = kernel_class("sequence", config, device)
+        if cls is None:
+            return original(self, config, pg, device, env)
+        if config.compute_kernel.value == "key_value":
+            self._need_prefetch = True  # as the stock factory does for cached kernels
+        return cls(config=config, pg=pg, device=device, env=env)
+
+    return _create_embedding_kernel
+
+
+PATCHES = [
+    Patch.wrap(
+        name="h2.pooled_kernel_factory",
+        target=f"{_LOOKUP}:GroupedPooledEmbeddingsLookup._create_embedding_kernel",
+        requires=TORCHREC_1_8,
+        reason="build our hash, KEY_VALUE and device-fix kernels for EmbeddingBagCollection lookups",
+        wrapper=_pooled_factory,
+    ),
+    Patch.wrap(
+        name="h2.sequence_kernel_factory",
+        target=f"{_LOOKUP}:GroupedEmbeddingsLookup._create_embedding_kernel",
+        requires=TORCHREC_1_8,
+        reason="build our hash, KEY_VALUE and device-fix kernels for EmbeddingCollection lookups",
+        wrapper=_sequence_factory,
+    ),
+]

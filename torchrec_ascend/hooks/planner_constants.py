@@ -1,0 +1,40 @@
+"""H3: planner constants. Adds the lookup bandwidths of (device, kernel) pairs TorchRec has no figure for.
+
+Without it the hardware-aware perf estimator raises "Unrecognized or unsupported compute kernel: key_value" when
+planning key_value on CPU, or any kernel on npu. The figures come from the profiles' ``planner.kernel_bandwidths``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Tuple
+
+from torchrec_ascend import backends
+from torchrec_ascend.hooks.versions import TORCHREC_1_8
+from torchrec_ascend.injection.patch import Patch, Undo, resolve, set_attribute
+
+
+def profile_bandwidths() -> Dict[Tuple[str, str], float]:
+    """(device type, compute kernel) -> bytes/ms for every registered profile."""
+    table: Dict[Tuple[str, str], float] = {}
+    for profile in backends.profiles().values():
+        for kernel, bandwidth in profile.planner.kernel_bandwidths.items():
+            table[(profile.device_type, kernel)] = bandwidth
+    return table
+
+
+def _apply(patch: Patch) -> Undo:
+    owner, attr = resolve(patch.target)
+    stock: Dict[Tuple[str, str], float] = dict(owner.__dict__.get(attr, {}))
+    merged: Dict[Tuple[str, str], Any] = {**profile_bandwidths(), **stock}  # TorchRec's own figures win
+    return set_attribute(owner, attr, merged)
+
+
+PATCHES = [
+    Patch(
+        name="h3.kernel_device_bandwidths",
+        target="torchrec.distributed.planner.estimator.types:HardwarePerfConfig.kernel_device_bandwidths",
+        requires=TORCHREC_1_8,
+        reason="the perf estimator has no bandwidth for key_value on cpu nor for any kernel on npu",
+        apply_fn=_apply,
+    ),
+]

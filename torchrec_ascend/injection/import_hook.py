@@ -1,0 +1,94 @@
+"""A lazy import hook: runs a callback right after a watched ``torchrec.*`` module finishes executing.
+
+It is a ``sys.meta_path`` finder (pytest's assertion rewriter is the model): a cheap name filter first, finding is
+delegated to the other finders, and only ``exec_module`` of the watched modules is wrapped. Nothing is imported
+eagerly; importing torch alone never imports torchrec.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Callable, Optional, Sequence
+
+PREFIX = "torchrec"
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Delegates to the real loader, then calls ``on_loaded(name)`` once the module body has run."""
+
+    def __init__(self, loader: importlib.abc.Loader, on_loaded: Callable[[str], None]) -> None:
+        self._loader = loader
+        self._on_loaded = on_loaded
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[ModuleType]:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._on_loaded(module.__name__)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... for inspect and linecache
+        return getattr(self._loader, name)
+
+
+class TorchRecImportHook(importlib.abc.MetaPathFinder):
+    """Calls ``on_first_import()`` before the first ``torchrec`` module loads, then ``on_loaded(name)`` after each
+    module in ``watched()`` executes."""
+
+    def __init__(
+        self,
+        on_first_import: Callable[[], None],
+        watched: Callable[[], set],
+        on_loaded: Callable[[str], None],
+    ) -> None:
+        self._on_first_import = on_first_import
+        self._watched = watched
+        self._on_loaded = on_loaded
+        self._started = False
+        self._busy = threading.local()
+
+    def find_spec(
+        self, fullname: str, path: Optional[Sequence[str]], target: Optional[ModuleType] = None
+    ) -> Optional[importlib.machinery.ModuleSpec]:
+        if not (fullname == PREFIX or fullname.startswith(PREFIX + ".")) or getattr(self._busy, "on", False):
+            return None
+        self._busy.on = True
+        try:
+            if not self._started:
+                self._started = True
+                self._on_first_import()
+            if fullname not in self._watched():
+                return None
+            spec = _find_with_others(self, fullname, path, target)
+        finally:
+            self._busy.on = False
+        if spec is not None and spec.loader is not None:
+            spec.loader = _PatchingLoader(spec.loader, self._on_loaded)
+        return spec
+
+
+def _find_with_others(
+    me: importlib.abc.MetaPathFinder, fullname: str, path: Optional[Sequence[str]], target: Optional[ModuleType]
+) -> Optional[importlib.machinery.ModuleSpec]:
+    for finder in sys.meta_path:
+        if finder is me or not hasattr(finder, "find_spec"):
+            continue
+        spec = finder.find_spec(fullname, path, target)
+        if spec is not None:
+            return spec
+    return None
+
+
+def install(hook: TorchRecImportHook) -> None:
+    """Put ``hook`` first on ``sys.meta_path`` (once)."""
+    if hook not in sys.meta_path:
+        sys.meta_path.insert(0, hook)
+
+
+def uninstall(hook: TorchRecImportHook) -> None:
+    if hook in sys.meta_path:
+        sys.meta_path.remove(hook)
