@@ -1,0 +1,61 @@
+"""KeyIndex (growable key -> slot map) against a dict model; its byte accounting against the real IdMap."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchrec_ascend.errors import CapacityError
+from torchrec_ascend.kernels.id_map import IdMap
+from torchrec_ascend.kernels.key_value.key_index import KeyIndex, idmap_nbytes, idmap_nbytes_for
+
+KEYS = st.lists(st.sampled_from([0, 1, 2, 3, 17, 2**31, 2**40 + 5, 2**63 - 1]), max_size=6)
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.lists(st.tuples(st.booleans(), KEYS), max_size=12), st.integers(0, 3))
+def test_matches_dict_model_and_slots_survive_growth(ops, initial_capacity):
+    index, model = KeyIndex(initial_capacity), {}
+    for is_insert, keys in ops:
+        if is_insert:
+            new = list(dict.fromkeys(k for k in keys if k not in model))
+            slots = index.insert(torch.tensor(new, dtype=torch.int64))
+            model.update(zip(new, slots.tolist()))
+        else:
+            freed = index.remove(torch.tensor(keys, dtype=torch.int64))
+            expected = {model.pop(k) for k in dict.fromkeys(keys) if k in model}
+            assert sorted(freed.tolist()) == sorted(expected)
+        assert len(index) == len(model)
+        assert len(set(model.values())) == len(model)  # slots are distinct ...
+        assert all(0 <= s < index.capacity for s in model.values())  # ... and addressable
+        probe = torch.tensor(list(model) + [5], dtype=torch.int64)
+        assert index.lookup(probe).tolist() == list(model.values()) + [-1]  # old slots kept across rebuilds
+        if model:
+            assert index.keys_of(torch.tensor(list(model.values()))).tolist() == list(model)
+        keys, slots = index.export()
+        assert dict(zip(keys.tolist(), slots.tolist())) == model
+
+
+def test_max_capacity_is_a_hard_limit():
+    index = KeyIndex(initial_capacity=1, max_capacity=3)
+    index.insert(torch.tensor([1, 2, 3]))
+    assert index.capacity == 3
+    with pytest.raises(CapacityError, match="max_capacity=3"):
+        index.insert(torch.tensor([4]))
+    assert len(index) == 3
+
+
+def test_zero_capacity_index_is_empty():
+    index = KeyIndex(initial_capacity=4, max_capacity=0)
+    assert index.lookup(torch.tensor([1])).tolist() == [-1]
+    assert index.remove(torch.tensor([1])).numel() == 0
+    assert index.nbytes == 0
+    with pytest.raises(CapacityError):
+        index.insert(torch.tensor([1]))
+
+
+@pytest.mark.parametrize("capacity", [1, 5, 1000, 4097])
+def test_nbytes_for_matches_a_real_map(capacity):
+    assert idmap_nbytes_for(capacity) == idmap_nbytes(IdMap(capacity)) > 0
+    index = KeyIndex(capacity)
+    assert index.nbytes == KeyIndex.nbytes_for(capacity)
