@@ -1,0 +1,16 @@
+// CPU kernels of the torch.ops.torchrec_ascend library (the schema is in ../schema.cpp).
+#include <torch/library.h>
+
+#include "../ops.h"
+
+TORCH_LIBRARY_IMPL(torchrec_ascend, CPU, m) {
+  m.impl("id_map_insert_or_lookup", &torchrec_ascend::id_map_insert_or_lookup_cpu);
+  m.impl("id_map_lookup", &torchrec_ascend::id_map_lookup_cpu);
+  m.impl("id_map_remove", &torchrec_ascend::id_map_remove_cpu);
+  m.impl("id_map_export", &torchrec_ascend::id_map_export_cpu);
+  m.impl("id_map_rebuild", &torchrec_ascend::id_map_rebuild_cpu);
+  m.impl("hash_unique", &torchrec_ascend::hash_unique_cpu);
+  m.impl("hash_rank", &torchrec_ascend::hash_rank_cpu);
+  m.impl("hash_bucketize", &torchrec_ascend::hash_bucketize_cpu);
+  m.impl("hash_uniform_init", &torchrec_ascend::hash_uniform_init_cpu);
+}

@@ -1,0 +1,45 @@
+// Declarations of the CPU kernels behind the torch.ops.torchrec_ascend schema (schema.cpp) and the input checks they
+// share. A kernel for another dispatch key (PrivateUse1 for Ascend NPU) implements the same signatures in its own
+// folder and registers them in its own TORCH_LIBRARY_IMPL block.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+namespace torchrec_ascend {
+
+// ---- ID map: state = buckets int64[num_buckets, 2] (key, slot), free_slots int64[capacity], counters int64[2]
+// (next_fresh, num_free). See kernels/id_map.py for the contract.
+std::tuple<at::Tensor, at::Tensor> id_map_insert_or_lookup_cpu(
+    const at::Tensor& buckets, const at::Tensor& free_slots, const at::Tensor& counters, const at::Tensor& ids);
+at::Tensor id_map_lookup_cpu(const at::Tensor& buckets, const at::Tensor& ids);
+at::Tensor id_map_remove_cpu(
+    const at::Tensor& buckets, const at::Tensor& free_slots, const at::Tensor& counters, const at::Tensor& ids);
+std::tuple<at::Tensor, at::Tensor> id_map_export_cpu(const at::Tensor& buckets, const at::Tensor& counters);
+void id_map_rebuild_cpu(
+    const at::Tensor& buckets,
+    const at::Tensor& free_slots,
+    const at::Tensor& counters,
+    const at::Tensor& ids,
+    const at::Tensor& slots);
+
+// ---- hash ops on ID batches
+std::tuple<at::Tensor, at::Tensor, at::Tensor> hash_unique_cpu(const at::Tensor& ids);
+at::Tensor hash_rank_cpu(const at::Tensor& ids, int64_t world_size);
+std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor> hash_bucketize_cpu(
+    const at::Tensor& lengths, const at::Tensor& values, const std::optional<at::Tensor>& weights, int64_t world_size);
+at::Tensor hash_uniform_init_cpu(const at::Tensor& ids, int64_t seed, int64_t dim, double low, double high);
+
+// ---- input checks (messages name the op and the argument, and say how to fix the call)
+void check_1d_int64(const at::Tensor& t, const char* op, const char* arg);
+void check_non_negative(const at::Tensor& ids, const char* op);
+void check_buckets(const at::Tensor& buckets, const char* op);
+void check_counters_layout(const at::Tensor& counters, const char* op);
+void check_counter_values(const at::Tensor& counters, int64_t capacity, const char* op);
+// Layout of a full state: the checks above (but not the counter values), free_slots' and num_buckets > capacity.
+void check_id_map_layout(
+    const at::Tensor& buckets, const at::Tensor& free_slots, const at::Tensor& counters, const char* op);
+
+}  // namespace torchrec_ascend

@@ -1,0 +1,24 @@
+// The one schema of the torch.ops.torchrec_ascend library. Kernels register per dispatch key elsewhere (cpu/ now,
+// PrivateUse1 for Ascend NPU later); a behaviour change gets a new op name, never a flag on an existing one.
+// tests/kernels/test_op_registration.py pins every string below.
+#include <torch/library.h>
+
+TORCH_LIBRARY(torchrec_ascend, m) {
+  // ID map state: buckets int64[num_buckets, 2] (key, slot) with num_buckets a power of two, free_slots
+  // int64[capacity] (a stack), counters int64[2] (next_fresh, num_free).
+  m.def(
+      "id_map_insert_or_lookup(Tensor(a!) buckets, Tensor free_slots, Tensor(b!) counters, Tensor ids)"
+      " -> (Tensor slots, Tensor is_new)");
+  m.def("id_map_lookup(Tensor buckets, Tensor ids) -> Tensor");
+  m.def("id_map_remove(Tensor(a!) buckets, Tensor(b!) free_slots, Tensor(c!) counters, Tensor ids) -> Tensor");
+  m.def("id_map_export(Tensor buckets, Tensor counters) -> (Tensor ids, Tensor slots)");
+  m.def(
+      "id_map_rebuild(Tensor(a!) buckets, Tensor(b!) free_slots, Tensor(c!) counters, Tensor ids, Tensor slots)"
+      " -> ()");
+  m.def("hash_unique(Tensor ids) -> (Tensor unique, Tensor inverse, Tensor counts)");
+  m.def("hash_rank(Tensor ids, int world_size) -> Tensor");
+  m.def(
+      "hash_bucketize(Tensor lengths, Tensor values, Tensor? weights, int world_size)"
+      " -> (Tensor new_lengths, Tensor new_values, Tensor? new_weights, Tensor unbucketize_permute)");
+  m.def("hash_uniform_init(Tensor ids, int seed, int dim, float low, float high) -> Tensor");
+}

@@ -1,0 +1,317 @@
+"""Python entry points of the native ops ``torch.ops.torchrec_ascend.*`` and their fake (shape-only) kernels.
+
+Importing this module loads ``torchrec_ascend.kernels._C``, whose static initialisers register the schema
+(``kernels/csrc/schema.cpp``) and the CPU kernels. The fake kernels below let the ops run under ``FakeTensorMode``,
+on the ``meta`` device and inside ``torch.compile``. :mod:`torchrec_ascend.kernels.reference` holds plain-Python
+versions with the same semantics, used as test oracles.
+
+All ID inputs are 1-D int64 CPU tensors. Errors: a wrong dtype raises ``TypeError``, a wrong shape or value (for
+example a negative ID given to an ID map op) raises ``ValueError`` naming the op, the argument and the offending value.
+
+The ID map ops work on the state tensors of :class:`torchrec_ascend.kernels.id_map.IdMap` (use that class; the
+functions here are its building blocks): ``buckets`` int64 ``[num_buckets, 2]`` (key, slot; key -1 = empty;
+num_buckets a power of two larger than the capacity), ``free_slots`` int64 ``[capacity]`` (a stack) and ``counters``
+int64 ``[2]`` (next_fresh, num_free).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from torchrec_ascend.kernels import _C  # noqa: F401  (loading the library registers torch.ops.torchrec_ascend)
+
+__all__ = [
+    "hash_bucketize",
+    "hash_rank",
+    "hash_uniform_init",
+    "hash_unique",
+    "id_map_export",
+    "id_map_insert_or_lookup",
+    "id_map_lookup",
+    "id_map_rebuild",
+    "id_map_remove",
+]
+
+_ops = torch.ops.torchrec_ascend
+
+
+def id_map_insert_or_lookup(
+    buckets: torch.Tensor, free_slots: torch.Tensor, counters: torch.Tensor, ids: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Slot of every ID, inserting the absent ones in one pass (mutates ``buckets`` and ``counters``).
+
+    New IDs take slots in order of first occurrence in ``ids``: freed slots first (most recently freed first), then
+    fresh slots in increasing order. When no slot is left, an absent ID gets slot ``-1`` and is not inserted.
+
+    Args:
+        buckets (Tensor): int64 ``[num_buckets, 2]`` state, mutated.
+        free_slots (Tensor): int64 ``[capacity]`` state (read: the stack's contents only change on remove).
+        counters (Tensor): int64 ``[2]`` state, mutated.
+        ids (Tensor): int64 ``[n]``, non-negative.
+
+    Returns:
+        Tuple[Tensor, Tensor]: ``slots`` int64 ``[n]`` (``-1`` where the map is full) and ``is_new`` bool ``[n]``
+        (True at the first occurrence of each ID inserted by this call).
+
+    Raises:
+        ValueError: ``ids`` holds a negative value or is not 1-D.
+        TypeError: ``ids`` is not int64.
+
+    Example::
+
+        slots, is_new = id_map_insert_or_lookup(m.buckets, m.free_slots, m.counters, torch.tensor([7, 3, 7]))
+    """
+    return _ops.id_map_insert_or_lookup(buckets, free_slots, counters, ids)
+
+
+def id_map_lookup(buckets: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Slot of every ID, ``-1`` where absent (read-only).
+
+    Args:
+        buckets (Tensor): int64 ``[num_buckets, 2]`` state.
+        ids (Tensor): int64 ``[n]``, non-negative.
+
+    Returns:
+        Tensor: int64 ``[n]``.
+
+    Raises:
+        ValueError: ``ids`` holds a negative value or is not 1-D.
+        TypeError: ``ids`` is not int64.
+
+    Example::
+
+        slots = id_map_lookup(m.buckets, torch.tensor([7, 8]))
+    """
+    return _ops.id_map_lookup(buckets, ids)
+
+
+def id_map_remove(
+    buckets: torch.Tensor, free_slots: torch.Tensor, counters: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
+    """Removes IDs and pushes their slots on the free stack (mutates all three state tensors).
+
+    Args:
+        buckets (Tensor): int64 ``[num_buckets, 2]`` state, mutated.
+        free_slots (Tensor): int64 ``[capacity]`` state, mutated.
+        counters (Tensor): int64 ``[2]`` state, mutated.
+        ids (Tensor): int64 ``[n]``, non-negative.
+
+    Returns:
+        Tensor: int64 ``[n]``, the freed slot per ID, ``-1`` where absent (also for a repeated ID's later copies).
+
+    Raises:
+        ValueError: ``ids`` holds a negative value or is not 1-D.
+        TypeError: ``ids`` is not int64.
+
+    Example::
+
+        freed = id_map_remove(m.buckets, m.free_slots, m.counters, torch.tensor([7]))
+    """
+    return _ops.id_map_remove(buckets, free_slots, counters, ids)
+
+
+def id_map_export(buckets: torch.Tensor, counters: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Every ``(id, slot)`` pair held, sorted by slot.
+
+    Args:
+        buckets (Tensor): int64 ``[num_buckets, 2]`` state.
+        counters (Tensor): int64 ``[2]`` state.
+
+    Returns:
+        Tuple[Tensor, Tensor]: ``ids`` and ``slots``, int64 ``[len(map)]`` each, ``slots`` strictly increasing.
+
+    Raises:
+        RuntimeError: the state is inconsistent (buckets and counters disagree).
+
+    Example::
+
+        ids, slots = id_map_export(m.buckets, m.counters)
+    """
+    return _ops.id_map_export(buckets, counters)
+
+
+def id_map_rebuild(
+    buckets: torch.Tensor, free_slots: torch.Tensor, counters: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """Replaces the state by one holding exactly ``ids[i] -> slots[i]`` (inverse of :func:`id_map_export`).
+
+    ``next_fresh`` becomes ``max(slots) + 1``; the unused slots below it become the free stack, lowest handed out
+    first. On a bad input nothing is changed, except for a repeated ID, which leaves the map empty.
+
+    Args:
+        buckets (Tensor): int64 ``[num_buckets, 2]`` state, overwritten.
+        free_slots (Tensor): int64 ``[capacity]`` state, overwritten.
+        counters (Tensor): int64 ``[2]`` state, overwritten.
+        ids (Tensor): int64 ``[n]``, distinct, non-negative.
+        slots (Tensor): int64 ``[n]``, distinct, in ``[0, capacity)``.
+
+    Raises:
+        ValueError: an ID is negative or repeated, a slot is repeated or out of range, or the lengths differ.
+
+    Example::
+
+        id_map_rebuild(m.buckets, m.free_slots, m.counters, torch.tensor([7, 3]), torch.tensor([0, 2]))
+    """
+    _ops.id_map_rebuild(buckets, free_slots, counters, ids, slots)
+
+
+def hash_unique(ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Distinct IDs in order of first occurrence (hash-based, one pass), with inverse indices and counts.
+
+    Args:
+        ids (Tensor): int64 ``[n]``, any values.
+
+    Returns:
+        Tuple[Tensor, Tensor, Tensor]: ``unique`` int64 ``[k]``, ``inverse`` int64 ``[n]`` with
+        ``unique[inverse] == ids``, and ``counts`` int64 ``[k]``.
+
+    Raises:
+        ValueError: ``ids`` is not 1-D.
+        TypeError: ``ids`` is not int64.
+
+    Example::
+
+        >>> hash_unique(torch.tensor([5, 3, 5]))
+        (tensor([5, 3]), tensor([0, 1, 0]), tensor([2, 1]))
+    """
+    return _ops.hash_unique(ids)
+
+
+def hash_rank(ids: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Rank that owns each ID under row-wise hash placement: ``mix64(id) % world_size`` (splitmix64 finaliser).
+
+    Args:
+        ids (Tensor): int64 ``[n]``, any values (taken as their 64-bit pattern).
+        world_size (int): number of ranks, >= 1.
+
+    Returns:
+        Tensor: int64 ``[n]`` in ``[0, world_size)``.
+
+    Raises:
+        ValueError: ``world_size < 1`` or ``ids`` is not 1-D.
+        TypeError: ``ids`` is not int64.
+
+    Example::
+
+        ranks = hash_rank(torch.tensor([1, 2, 3]), world_size=4)
+    """
+    return _ops.hash_rank(ids, world_size)
+
+
+def hash_bucketize(
+    lengths: torch.Tensor, values: torch.Tensor, weights: Optional[torch.Tensor], world_size: int
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """Splits jagged IDs into one bucket per rank by :func:`hash_rank`, in ``block_bucketize_sparse_features`` layout.
+
+    The output matches ``torch.ops.fbgemm.block_bucketize_sparse_features(..., sequence=True, keep_orig_idx=True)``
+    with the bucket of a value chosen by hash instead of by block: bucket-major lengths, each bucket's values grouped
+    by segment and in input order, original IDs kept.
+
+    Args:
+        lengths (Tensor): int32/int64 ``[S]``, one length per segment (feature-major ``F * B``; variable batch sizes
+            per feature are just another segment list).
+        values (Tensor): int64 ``[sum(lengths)]``.
+        weights (Optional[Tensor]): float ``[sum(lengths)]``, permuted like ``values``.
+        world_size (int): number of buckets (ranks), >= 1.
+
+    Returns:
+        Tuple: ``new_lengths`` (dtype of lengths) ``[world_size * S]`` (bucket 0's S lengths, then bucket 1's, ...),
+        ``new_values`` int64 ``[n]``, ``new_weights`` ``[n]`` or None, and ``unbucketize_permute`` int64 ``[n]``
+        with ``new_values[unbucketize_permute] == values``.
+
+    Raises:
+        ValueError: a negative length, lengths not summing to the number of values, mismatched weights, or
+            ``world_size < 1``.
+        TypeError: ``values`` is not int64 or ``lengths`` not int32/int64.
+
+    Example::
+
+        new_lengths, new_values, _, permute = hash_bucketize(kjt.lengths(), kjt.values(), None, world_size=2)
+    """
+    return _ops.hash_bucketize(lengths, values, weights, world_size)
+
+
+def hash_uniform_init(ids: torch.Tensor, seed: int, dim: int, low: float, high: float) -> torch.Tensor:
+    """Initial rows that depend only on ``(seed, id, column)``: not on arrival order, world size or kernel.
+
+    Row ``i`` is the splitmix64 stream seeded with ``mix64(ids[i] ^ mix64(seed))``; element ``j`` takes the top 24
+    bits of its ``(j + 1)``-th output as ``u`` in ``[0, 1)`` and is ``float32(low + float32(high - low) * u)``,
+    moved one float down if rounding reached ``high``.
+
+    Args:
+        ids (Tensor): int64 ``[n]``.
+        seed (int): table seed (any int64).
+        dim (int): row width, >= 0.
+        low (float): inclusive lower bound.
+        high (float): exclusive upper bound, ``> low``.
+
+    Returns:
+        Tensor: float32 ``[n, dim]``, values in ``[low, high)``.
+
+    Raises:
+        ValueError: ``dim < 0``, ``low >= high`` or a bound not finite.
+        TypeError: ``ids`` is not int64.
+
+    Example::
+
+        rows = hash_uniform_init(torch.tensor([10, 11]), seed=0, dim=8, low=-0.01, high=0.01)
+    """
+    return _ops.hash_uniform_init(ids, seed, dim, low, high)
+
+
+# ---- fake kernels: output shapes and dtypes only; data-dependent sizes become unbacked symbols.
+
+
+@torch.library.register_fake("torchrec_ascend::id_map_insert_or_lookup")
+def _id_map_insert_or_lookup_fake(buckets, free_slots, counters, ids):
+    return torch.empty_like(ids), torch.empty_like(ids, dtype=torch.bool)
+
+
+@torch.library.register_fake("torchrec_ascend::id_map_lookup")
+def _id_map_lookup_fake(buckets, ids):
+    return torch.empty_like(ids)
+
+
+@torch.library.register_fake("torchrec_ascend::id_map_remove")
+def _id_map_remove_fake(buckets, free_slots, counters, ids):
+    return torch.empty_like(ids)
+
+
+@torch.library.register_fake("torchrec_ascend::id_map_export")
+def _id_map_export_fake(buckets, counters):
+    size = torch.library.get_ctx().new_dynamic_size()
+    return buckets.new_empty(size), buckets.new_empty(size)
+
+
+@torch.library.register_fake("torchrec_ascend::id_map_rebuild")
+def _id_map_rebuild_fake(buckets, free_slots, counters, ids, slots):
+    return None
+
+
+@torch.library.register_fake("torchrec_ascend::hash_unique")
+def _hash_unique_fake(ids):
+    size = torch.library.get_ctx().new_dynamic_size()
+    return ids.new_empty(size), torch.empty_like(ids), ids.new_empty(size)
+
+
+@torch.library.register_fake("torchrec_ascend::hash_rank")
+def _hash_rank_fake(ids, world_size):
+    return torch.empty_like(ids)
+
+
+@torch.library.register_fake("torchrec_ascend::hash_bucketize")
+def _hash_bucketize_fake(lengths, values, weights, world_size):
+    new_weights = None if weights is None else torch.empty_like(weights)
+    return (
+        lengths.new_empty(world_size * lengths.numel()),
+        torch.empty_like(values),
+        new_weights,
+        torch.empty_like(values),
+    )
+
+
+@torch.library.register_fake("torchrec_ascend::hash_uniform_init")
+def _hash_uniform_init_fake(ids, seed, dim, low, high):
+    return ids.new_empty((ids.numel(), dim), dtype=torch.float32)

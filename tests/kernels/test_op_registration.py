@@ -1,0 +1,103 @@
+"""Registration of torch.ops.torchrec_ascend: pinned schemas, torch.library.opcheck, meta and fake-tensor shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+from torchrec_ascend.kernels import ops
+from torchrec_ascend.kernels.id_map import IdMap
+
+# Changing one of these breaks checkpoints, compiled graphs or NPU kernels written against it: add a new op instead.
+SCHEMAS = {
+    "id_map_insert_or_lookup": "torchrec_ascend::id_map_insert_or_lookup(Tensor(a!) buckets, Tensor free_slots, "
+    "Tensor(b!) counters, Tensor ids) -> (Tensor slots, Tensor is_new)",
+    "id_map_lookup": "torchrec_ascend::id_map_lookup(Tensor buckets, Tensor ids) -> Tensor",
+    "id_map_remove": "torchrec_ascend::id_map_remove(Tensor(a!) buckets, Tensor(b!) free_slots, Tensor(c!) counters, "
+    "Tensor ids) -> Tensor",
+    "id_map_export": "torchrec_ascend::id_map_export(Tensor buckets, Tensor counters) -> (Tensor ids, Tensor slots)",
+    "id_map_rebuild": "torchrec_ascend::id_map_rebuild(Tensor(a!) buckets, Tensor(b!) free_slots, "
+    "Tensor(c!) counters, Tensor ids, Tensor slots) -> ()",
+    "hash_unique": "torchrec_ascend::hash_unique(Tensor ids) -> (Tensor unique, Tensor inverse, Tensor counts)",
+    "hash_rank": "torchrec_ascend::hash_rank(Tensor ids, int world_size) -> Tensor",
+    "hash_bucketize": "torchrec_ascend::hash_bucketize(Tensor lengths, Tensor values, Tensor? weights, "
+    "int world_size) -> (Tensor new_lengths, Tensor new_values, Tensor? new_weights, Tensor unbucketize_permute)",
+    "hash_uniform_init": "torchrec_ascend::hash_uniform_init(Tensor ids, int seed, int dim, float low, float high) "
+    "-> Tensor",
+}
+
+
+def test_library_holds_exactly_the_pinned_ops():
+    prefix = "torchrec_ascend::"
+    registered = {name[len(prefix):] for name in torch._C._dispatch_get_all_op_names() if name.startswith(prefix)}
+    assert registered == set(SCHEMAS)
+    assert set(ops.__all__) == set(SCHEMAS)  # one documented wrapper per op
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_schema_is_pinned(name):
+    assert str(getattr(torch.ops.torchrec_ascend, name).default._schema) == SCHEMAS[name]
+
+
+def filled_state():
+    id_map = IdMap(16)
+    id_map.insert_or_lookup(torch.tensor([30, 10, 20, 40]))
+    id_map.remove(torch.tensor([10]))
+    return id_map.buckets.clone(), id_map.free_slots.clone(), id_map.counters.clone()
+
+
+def opcheck_cases():
+    ids = torch.tensor([20, 5, 20, 7, 30])
+    lengths = torch.tensor([2, 0, 3], dtype=torch.int32)
+    return {
+        "id_map_insert_or_lookup": (*filled_state(), ids),
+        "id_map_lookup": (filled_state()[0], ids),
+        "id_map_remove": (*filled_state(), ids),
+        "id_map_export": (filled_state()[0], filled_state()[2]),
+        "id_map_rebuild": (*filled_state(), torch.tensor([8, 9]), torch.tensor([3, 1])),
+        "hash_unique": (ids,),
+        "hash_rank": (ids, 3),
+        "hash_bucketize": (lengths, ids, torch.rand(5), 3),
+        "hash_uniform_init": (ids, 7, 4, -1.0, 1.0),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_opcheck(name):
+    """Schema mutation annotations, autograd registration, fake kernel vs real kernel, AOT dispatch."""
+    torch.library.opcheck(getattr(torch.ops.torchrec_ascend, name).default, opcheck_cases()[name])
+
+
+def meta(*shape, dtype=torch.int64):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def test_meta_device_shapes():
+    buckets, free_slots, counters = meta(64, 2), meta(16), meta(2)
+    slots, is_new = ops.id_map_insert_or_lookup(buckets, free_slots, counters, meta(10))
+    assert (slots.shape, slots.dtype, is_new.shape, is_new.dtype) == ((10,), torch.int64, (10,), torch.bool)
+    assert ops.id_map_lookup(buckets, meta(7)).shape == (7,)
+    assert ops.id_map_remove(buckets, free_slots, counters, meta(3)).shape == (3,)
+    assert ops.id_map_rebuild(buckets, free_slots, counters, meta(3), meta(3)) is None
+    assert ops.hash_rank(meta(9), 4).shape == (9,)
+    new_lengths, new_values, new_weights, permute = ops.hash_bucketize(
+        meta(6, dtype=torch.int32), meta(11), meta(11, dtype=torch.float16), 4
+    )
+    assert (new_lengths.shape, new_lengths.dtype) == ((24,), torch.int32)
+    assert new_values.shape == permute.shape == new_weights.shape == (11,)
+    assert new_weights.dtype == torch.float16
+    assert ops.hash_bucketize(meta(6), meta(11), None, 2)[2] is None
+    rows = ops.hash_uniform_init(meta(5), 0, 3, 0.0, 1.0)
+    assert (rows.shape, rows.dtype) == ((5, 3), torch.float32)
+
+
+def test_data_dependent_sizes_are_unbacked_symbols_under_fake_tensors():
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        unique, inverse, counts = ops.hash_unique(torch.empty(12, dtype=torch.int64))
+        exported_ids, exported_slots = ops.id_map_export(torch.empty(64, 2, dtype=torch.int64), torch.empty(2))
+    assert isinstance(unique.shape[0], torch.SymInt) and str(unique.shape[0]) == str(counts.shape[0])
+    assert inverse.shape == (12,)
+    assert isinstance(exported_ids.shape[0], torch.SymInt)
+    assert str(exported_ids.shape[0]) == str(exported_slots.shape[0]) != str(unique.shape[0])
