@@ -338,23 +338,16 @@ class DiskStore:
 
     def _read(self, keys: torch.Tensor, slots: torch.Tensor) -> np.ndarray:
         """Verified records (uint64 ``[n, words]``) of present ``keys`` at their ``slots``."""
-        records = np.empty((keys.numel(), self._format.words), dtype=np.uint64)
         segments = self._segment_of[slots]
         offsets = self._offset_of[slots]
-        for segment_id in torch.unique(segments).tolist():
-            seg = self._segments[segment_id]
-            where = (segments == segment_id).nonzero().squeeze(1)
-            seg_offsets = offsets[where].numpy()
-            size = seg.size_on_disk()
-            beyond = torch.from_numpy((seg_offsets + 1) * self._format.nbytes > size)
-            if bool(beyond.any()):
-                self._damaged.add(segment_id)
-                raise StorageError(
-                    f"{self.where}: file '{seg.path}' is truncated ({size} bytes, {seg.count * self._format.nbytes} "
-                    f"written): the rows of keys {_keys_text(keys[where][beyond])} are lost; the other rows are "
-                    f"intact. Restore the table from a checkpoint"
-                )
-            records[where.numpy()] = seg.read(seg_offsets)
+        segment_ids = torch.unique(segments).tolist()
+        if len(segment_ids) == 1:
+            records = self._read_segment(segment_ids[0], keys, offsets)
+        else:
+            records = np.empty((keys.numel(), self._format.words), dtype=np.uint64)
+            for segment_id in segment_ids:
+                where = (segments == segment_id).nonzero().squeeze(1)
+                records[where.numpy()] = self._read_segment(segment_id, keys[where], offsets[where])
         damaged = torch.from_numpy(self._format.damaged(records, keys))
         if bool(damaged.any()):
             bad_segments = segments[damaged]
@@ -366,6 +359,20 @@ class DiskStore:
                 f"are intact. Restore the table from a checkpoint"
             )
         return records
+
+    def _read_segment(self, segment_id: int, keys: torch.Tensor, offsets: torch.Tensor) -> np.ndarray:
+        """Unverified records of ``keys`` at ``offsets`` of one segment, after checking the file is long enough."""
+        seg = self._segments[segment_id]
+        size = seg.size_on_disk()
+        beyond = (offsets + 1) * self._format.nbytes > size
+        if bool(beyond.any()):
+            self._damaged.add(segment_id)
+            raise StorageError(
+                f"{self.where}: file '{seg.path}' is truncated ({size} bytes, {seg.count * self._format.nbytes} "
+                f"written): the rows of keys {_keys_text(keys[beyond])} are lost; the other rows are intact. "
+                f"Restore the table from a checkpoint"
+            )
+        return seg.read(offsets.numpy())
 
     def _compact_garbage(self) -> None:
         """Compact the sealed segments marked as due; raises StorageError with the store unchanged on failure."""

@@ -1,10 +1,10 @@
 """HostStore: the KEY_VALUE kernel's host-memory tier, bounded by a byte budget, spilling to a DiskStore.
 
 Every key lives in exactly one tier. Rows grow on demand (see :mod:`.row_chunks`: existing rows never move) up to
-the most rows the budget allows. A ``put`` of new keys beyond that spills the least recently used host rows
-(last ``put`` or ``get``; one ``torch.topk`` over per-slot call stamps) to the disk store, and never drops a row.
-``get`` reads disk rows transparently and, with ``promote=True``, moves them up to the host tier (spilling others
-in turn). ``pop`` is how the kernel takes rows into its device cache: rows leave the store.
+the most rows the budget allows. A ``put`` of new keys beyond that spills the least recently used host rows (by
+the last ``put`` or ``get`` call that touched them: one ``torch.topk`` over per-slot stamps) to the disk store, and
+never drops a row. ``get`` reads disk rows transparently and, with ``promote=True``, moves them up to the host
+tier (spilling others in turn). ``pop`` is how the kernel takes rows into its device cache: rows leave the store.
 
 What the budget counts (``nbytes``): the row chunks, one int64 LRU stamp per slot, and the key index (its
 slot -> key column and the IdMap's tensors), each at its allocated capacity, used or not; the capacity stops where
@@ -272,18 +272,20 @@ class HostStore:
         """Rows found in host memory (zeros elsewhere), the found mask, and their slots."""
         slots = self._index.lookup(keys)
         found = slots >= 0
+        if bool(found.all()):
+            return self._rows.gather(slots), found, slots
         hit = found.nonzero().squeeze(1)
         hit_slots = slots[hit]
         rows = torch.zeros(keys.numel(), self.width, dtype=self.dtype)
         if hit.numel():
-            rows[hit] = self._rows.gather(hit_slots)
+            rows.index_copy_(0, hit, self._rows.gather(hit_slots))
         return rows, found, hit_slots
 
     def _promote(self, keys: torch.Tensor, rows: torch.Tensor, protect: torch.Tensor) -> None:
         """Move rows just read from disk (keys may repeat) into host memory, as far as they fit."""
-        first = last_occurrence(keys)
-        if first is not None:
-            keys, rows = keys[first], rows[first]
+        distinct = last_occurrence(keys)
+        if distinct is not None:
+            keys, rows = keys[distinct], rows[distinct]
         promoted = self._place(keys, rows, protect=protect, on_disk=True)
         self._counters["promotions"] += int(promoted > 0)
         self._counters["promoted_rows"] += promoted

@@ -76,7 +76,9 @@ def check_keys(keys: torch.Tensor, where: str) -> torch.Tensor:
     """
     if not isinstance(keys, torch.Tensor) or keys.dtype != torch.int64 or keys.dim() != 1:
         got = f"{keys.dtype} tensor of shape {tuple(keys.shape)}" if isinstance(keys, torch.Tensor) else type(keys)
-        raise ConfigError(f"{where}: keys must be a 1-D torch.int64 tensor, got {got}; convert with keys.long().flatten()")
+        raise ConfigError(
+            f"{where}: keys must be a 1-D torch.int64 tensor, got {got}; convert with keys.long().flatten()"
+        )
     if keys.device.type != "cpu":
         raise ConfigError(f"{where}: keys must be on the CPU, got device {keys.device}; call keys.cpu() first")
     if keys.numel() and bool((keys < 0).any()):
@@ -113,7 +115,9 @@ def check_rows(rows: torch.Tensor, num_keys: int, width: int, dtype: torch.dtype
             f"a row is the embedding followed by its optimizer state"
         )
     if rows.dtype != dtype:
-        raise ConfigError(f"{where}: rows must be {dtype}, got {rows.dtype}; the store keeps exact bytes, so cast first")
+        raise ConfigError(
+            f"{where}: rows must be {dtype}, got {rows.dtype}; the store keeps exact bytes, so cast first"
+        )
     if rows.device.type != "cpu":
         raise ConfigError(f"{where}: rows must be on the CPU, got device {rows.device}; copy them with rows.cpu()")
     return rows.contiguous()

@@ -34,7 +34,8 @@ def special_rows(n: int) -> torch.Tensor:
 def random_rows(n: int, seed: int, width: int = WIDTH) -> torch.Tensor:
     """Rows of random bit patterns (every float32 class occurs, NaNs with payloads included)."""
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(-(2**31), 2**31, (n, width), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    bits = torch.randint(-(2**31), 2**31, (n, width), generator=g, dtype=torch.int64)
+    return bits.to(torch.int32).view(torch.float32)
 
 
 @pytest.fixture

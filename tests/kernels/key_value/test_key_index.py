@@ -59,3 +59,16 @@ def test_nbytes_for_matches_a_real_map(capacity):
     assert idmap_nbytes_for(capacity) == idmap_nbytes(IdMap(capacity)) > 0
     index = KeyIndex(capacity)
     assert index.nbytes == KeyIndex.nbytes_for(capacity)
+
+
+def test_bulk_remove_keeps_every_other_key():
+    # Thousands of random 63-bit keys: long probe chains in the IdMap, which small property examples rarely build.
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randint(0, 2**63 - 1, (3000,), generator=g, dtype=torch.int64).unique()
+    index = KeyIndex(initial_capacity=16)
+    slots = torch.cat([index.insert(part) for part in keys.split(1000)])  # grows twice on the way
+    freed = index.remove(keys[:1024])
+    assert sorted(freed.tolist()) == sorted(slots[:1024].tolist())
+    assert (index.lookup(keys[:1024]) == -1).all()
+    assert torch.equal(index.lookup(keys[1024:]), slots[1024:])
+    assert len(index) == keys.numel() - 1024

@@ -28,7 +28,8 @@ FEW_KEYS = st.lists(POOL, max_size=2)  # pops and removes take fewer keys, so th
 
 def random_rows(n: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(-(2**31), 2**31, (n, WIDTH), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    bits = torch.randint(-(2**31), 2**31, (n, WIDTH), generator=g, dtype=torch.int64)
+    return bits.to(torch.int32).view(torch.float32)
 
 
 def row_bytes(row: torch.Tensor) -> bytes:
