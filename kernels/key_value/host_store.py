@@ -5,6 +5,7 @@ the most rows the budget allows. A ``put`` of new keys beyond that spills the le
 the last ``put`` or ``get`` call that touched them: one ``torch.topk`` over per-slot stamps) to the disk store, and
 never drops a row. ``get`` reads disk rows transparently and, with ``promote=True``, moves them up to the host
 tier (spilling others in turn). ``pop`` is how the kernel takes rows into its device cache: rows leave the store.
+Not thread-safe: one caller (the kernel's batch path) at a time.
 
 What the budget counts (``nbytes``): the row chunks, one int64 LRU stamp per slot, and the key index (its
 slot -> key column and the IdMap's tensors), each at its allocated capacity, used or not; the capacity stops where

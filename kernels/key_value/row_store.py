@@ -98,7 +98,7 @@ def check_rows(rows: torch.Tensor, num_keys: int, width: int, dtype: torch.dtype
         where: names the store in messages.
 
     Returns:
-        torch.Tensor: ``rows``, contiguous.
+        torch.Tensor: ``rows``, detached and contiguous.
 
     Raises:
         ConfigError: wrong type, dtype, shape or device. Rows are never cast: a cast would change the bytes.
@@ -120,7 +120,7 @@ def check_rows(rows: torch.Tensor, num_keys: int, width: int, dtype: torch.dtype
         )
     if rows.device.type != "cpu":
         raise ConfigError(f"{where}: rows must be on the CPU, got device {rows.device}; copy them with rows.cpu()")
-    return rows.contiguous()
+    return rows.detach().contiguous()  # weights may require grad: the store keeps values, never graph edges
 
 
 def last_occurrence(keys: torch.Tensor) -> Optional[torch.Tensor]:

@@ -9,6 +9,7 @@ import torch
 from torchrec_ascend.errors import ConfigError, StorageError
 from torchrec_ascend.kernels.key_value.disk_store import DiskStore
 from torchrec_ascend.kernels.key_value.host_store import HostStore
+from torchrec_ascend.kernels.key_value.row_store import RowStore
 
 WIDTH = 4
 BUDGET = 2000  # a handful of rows of width 4 next to the index's fixed cost
@@ -136,3 +137,12 @@ def test_spill_store_must_match_the_row_format(tmp_path):
     with DiskStore(str(tmp_path), WIDTH + 1, name="t") as disk:
         with pytest.raises(ConfigError, match="width 5.*width 4"):
             HostStore(WIDTH, budget_bytes=BUDGET, spill=disk, name="t")
+
+
+def test_both_tiers_are_row_stores_and_keep_values_not_graphs(tiered):
+    assert isinstance(tiered, RowStore) and isinstance(tiered.spill, RowStore)
+    weights = torch.randn(tiered.max_rows + 2, WIDTH, requires_grad=True)
+    keys = torch.arange(tiered.max_rows + 2)
+    tiered.put(keys, weights)  # some rows go to disk (numpy), some stay in host memory
+    got, found = tiered.get(keys)
+    assert found.all() and not got.requires_grad and torch.equal(got, weights.detach())
