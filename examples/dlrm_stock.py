@@ -1,0 +1,117 @@
+"""A stock TorchRec DLRM training script, unchanged by torchrec-ascend: it never imports the plugin.
+
+This is what "plugin backend" means: the same code that trains on CUDA with stock TorchRec runs on CPU and Ascend
+NPU once torchrec-ascend is installed (the plugin loads itself when torch is imported). One table asks for
+``row_wise`` sharding, which stock TorchRec refuses on CPU; with the plugin installed it is planned and trained.
+
+Run with two ranks on CPU (gloo)::
+
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE torchrun --standalone --nproc-per-node 2 examples/dlrm_stock.py
+
+Data: ``torchrec.datasets.random.RandomRecDataset`` (random IDs and labels, so the loss stays near ln 2; the point
+is the mechanics: planning, sharding, input all-to-all, fused backward and optimizer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
+from torchrec.datasets.random import RandomRecDataset
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.types import KernelConfig, ParameterConstraints, TopologyFactory, TrainerConfig
+from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+# (table, rows, sharding): one row_wise table (needs a backend that supports it on this device), two table_wise.
+TABLES = [("user", 200_000, "row_wise"), ("item", 50_000, "table_wise"), ("category", 1_000, "table_wise")]
+DIM = 16
+NUM_DENSE = 13
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Stock TorchRec DLRM on random data.")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--batch-size", type=int, default=256, help="per rank")
+    args = parser.parse_args()
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}" if backend == "nccl" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)
+
+    tables = [
+        EmbeddingBagConfig(name=f"t_{name}", embedding_dim=DIM, num_embeddings=rows, feature_names=[f"f_{name}"])
+        for name, rows, _ in TABLES
+    ]
+    model = DLRMTrain(
+        DLRM(
+            embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
+            dense_in_features=NUM_DENSE,
+            dense_arch_layer_sizes=[64, DIM],
+            over_arch_layer_sizes=[64, 1],
+            dense_device=device,
+        )
+    )
+    apply_optimizer_in_backward(
+        RowWiseAdagrad, model.model.sparse_arch.parameters(), {"lr": 0.05}
+    )  # fused into the embedding kernels' backward
+
+    constraints = {f"t_{name}": ParameterConstraints(sharding_types=[sharding]) for name, _, sharding in TABLES}
+    sharders = get_default_sharders()
+    topology = TopologyFactory.create_topology(TrainerConfig(world_size=world), kernel_config=KernelConfig(device.type))
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    if rank == 0:
+        for path, shardings in plan.plan.items():
+            for table, sharding in shardings.items():
+                print(f"{path}.{table}: {sharding.sharding_type} on ranks {sharding.ranks}, {sharding.compute_kernel}")
+
+    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
+    dense = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(dmp.named_parameters())),
+        lambda params: torch.optim.Adagrad(params, lr=0.05),
+    )
+    optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
+
+    data = RandomRecDataset(
+        keys=[f"f_{name}" for name, _, _ in TABLES],
+        batch_size=args.batch_size,
+        hash_sizes=[rows for _, rows, _ in TABLES],
+        ids_per_feature=4,
+        num_dense=NUM_DENSE,
+        manual_seed=rank,
+        num_batches=args.steps,
+        num_generated_batches=args.steps,  # no repeats: random labels cannot be memorised
+    )
+    batches = iter(data)
+    losses = []
+    while True:
+        try:
+            loss, _, _ = pipeline.progress(batches)
+        except StopIteration:
+            break
+        losses.append(float(loss))
+        if rank == 0 and len(losses) % 10 == 0:
+            print(f"step {len(losses)}: loss {sum(losses[-10:]) / 10:.4f}", flush=True)
+    if rank == 0:
+        print(f"trained {len(losses)} steps on {world} rank(s), {device.type}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
