@@ -49,12 +49,34 @@ class EvictionPolicy(abc.ABC):
         self.capacity = capacity
 
     @abc.abstractmethod
-    def on_insert(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
-        """``slots`` became resident, holding ``keys`` (also counts as their first access)."""
+    def on_insert(
+        self,
+        slots: torch.Tensor,
+        keys: torch.Tensor,
+        step: int,
+        counts: Optional[torch.Tensor] = None,
+        signals: Optional[Dict[str, torch.Tensor]] = None,
+    ) -> None:
+        """``slots`` became resident, holding ``keys`` (also counts as their first access).
+
+        ``counts`` (occurrences in the inserting batch; ``None`` means once each) and ``signals`` (per-slot tensors
+        such as ``"clicks"``, aligned with ``slots``) describe that first access, as in :meth:`on_access`.
+        """
 
     @abc.abstractmethod
-    def on_access(self, slots: torch.Tensor, keys: torch.Tensor, counts: torch.Tensor, step: int) -> None:
-        """Resident ``slots`` were used by the batch of ``step``, ``counts`` times each."""
+    def on_access(
+        self,
+        slots: torch.Tensor,
+        keys: torch.Tensor,
+        counts: torch.Tensor,
+        step: int,
+        signals: Optional[Dict[str, torch.Tensor]] = None,
+    ) -> None:
+        """Resident ``slots`` were used by the batch of ``step``, ``counts`` times each.
+
+        ``signals`` carries optional per-slot tensors aligned with ``slots`` (for example ``"shows"``,
+        ``"clicks"``); a policy ignores the ones it does not use.
+        """
 
     @abc.abstractmethod
     def on_remove(self, slots: torch.Tensor) -> None:
@@ -66,7 +88,8 @@ class EvictionPolicy(abc.ABC):
 
         ``evictable`` is a bool tensor of shape ``[capacity]``; slots in use by in-flight batches are false. The
         owner guarantees at least ``num`` resident evictable slots exist. Does not change residency: the owner
-        calls :meth:`on_remove` after moving the rows out.
+        calls :meth:`on_remove` after moving the rows out. A policy may update its own bookkeeping here (queue
+        promotions, for example), so the same inputs twice in a row need not give the same victims.
         """
 
     def expired(self, step: int) -> torch.Tensor:
@@ -113,10 +136,11 @@ class AdmissionPolicy(abc.ABC):
         """``keys`` left the table (evicted): drop or reset whatever the policy tracks for them."""
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
+        """Tensors that restore this policy with :meth:`load_state_dict` (checkpoints)."""
         return {}
 
     def load_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
-        pass
+        """Restore the state returned by :meth:`state_dict`."""
 
 
 @dataclasses.dataclass(frozen=True)

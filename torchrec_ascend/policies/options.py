@@ -1,0 +1,75 @@
+"""Validation of policy options, so every policy reports a bad option the same way.
+
+Each check returns the value (converted where harmless) or raises :class:`ConfigError` naming the policy, the
+option, the rule and the value received.
+
+Example::
+
+    self.epoch_steps = positive_int("epoch_lru", "epoch_steps", epoch_steps)
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+from torchrec_ascend.errors import ConfigError
+
+
+def _fail(policy: str, option: str, rule: str, value: Any) -> ConfigError:
+    return ConfigError(f"policy {policy!r}: option {option!r} must be {rule}, got {value!r}")
+
+
+def positive_int(policy: str, option: str, value: Any) -> int:
+    """``value`` as an int >= 1.
+
+    Raises:
+        ConfigError: ``value`` is not an integer or is below 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise _fail(policy, option, "an integer >= 1", value)
+    return int(value)
+
+
+def non_negative_int(policy: str, option: str, value: Any) -> int:
+    """``value`` as an int >= 0.
+
+    Raises:
+        ConfigError: ``value`` is not an integer or is negative.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise _fail(policy, option, "an integer >= 0", value)
+    return int(value)
+
+
+def non_negative(policy: str, option: str, value: Any) -> float:
+    """``value`` as a float >= 0.
+
+    Raises:
+        ConfigError: ``value`` is not a real number or is negative.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
+        raise _fail(policy, option, "a real number >= 0", value)
+    return float(value)
+
+
+def fraction(policy: str, option: str, value: Any) -> float:
+    """``value`` as a float in ``[0, 1]``.
+
+    Raises:
+        ConfigError: ``value`` is not a real number in ``[0, 1]``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+        raise _fail(policy, option, "a real number in [0, 1]", value)
+    return float(value)
+
+
+def real(policy: str, option: str, value: Any) -> float:
+    """``value`` as a finite float.
+
+    Raises:
+        ConfigError: ``value`` is not a finite real number.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value or abs(value) == float("inf"):
+        raise _fail(policy, option, "a finite real number", value)
+    return float(value)

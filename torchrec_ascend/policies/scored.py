@@ -1,0 +1,162 @@
+"""Building blocks for eviction policies that rank slots by a per-slot score held in capacity-sized tensors.
+
+Most policies (LRU, LFU, their epoch variants, TTL, show/click) are "keep a few numbers per slot, evict the
+lowest". :class:`ScoredEvictionPolicy` does the common part once: residency, victim selection with ``topk``
+over a masked score, and ``state_dict`` round trips of the metadata tensors. A subclass says how accesses update
+its metadata and how metadata becomes a score. Third-party policies may build on it too.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.policies.base import EvictionPolicy
+
+_LOW_BITS = 32
+_LOW_MAX = (1 << _LOW_BITS) - 1
+_HIGH_MAX = (1 << (63 - _LOW_BITS)) - 1
+
+
+def lowest(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> torch.Tensor:
+    """Return the ``num`` candidate slots with the lowest scores.
+
+    Args:
+        scores (torch.Tensor): ``[capacity]`` scores (any real dtype).
+        candidates (torch.Tensor): ``[capacity]`` bool mask of the slots that may be chosen.
+        num (int): how many to choose; at most ``candidates.sum()``.
+
+    Returns:
+        torch.Tensor: int64 ``[num]`` distinct slots, all candidates; no candidate left out scores lower than
+        any chosen one (ties are broken by ``topk``, deterministically on CPU).
+
+    Example::
+
+        lowest(torch.tensor([3, 1, 2]), torch.tensor([True, False, True]), 1)  # tensor([2])
+    """
+    if num <= 0:
+        return torch.empty(0, dtype=torch.int64)
+    slots = candidates.nonzero().squeeze(1)
+    if num >= slots.numel():
+        return slots
+    return slots[torch.topk(scores[slots], num, largest=False, sorted=False).indices]
+
+
+def pack(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """Combine two non-negative int64 keys into one int64 score ordered by ``(high, low)``.
+
+    ``low`` saturates at ``2**32 - 1`` and ``high`` at ``2**31 - 1``, which bounds steps and counts, not IDs.
+
+    Example::
+
+        pack(torch.tensor([1, 0]), torch.tensor([0, 9]))  # first > second
+    """
+    return (high.clamp(0, _HIGH_MAX) << _LOW_BITS) | low.clamp(0, _LOW_MAX)
+
+
+def ones_like_slots(slots: torch.Tensor, counts: Optional[torch.Tensor]) -> torch.Tensor:
+    """``counts`` as int64, or ones when the owner passed none (an insert counts as one access)."""
+    return torch.ones_like(slots) if counts is None else counts.to(torch.int64)
+
+
+class ScoredEvictionPolicy(EvictionPolicy, abc.ABC):
+    """An eviction policy that evicts the resident, evictable slots with the lowest :meth:`scores`.
+
+    Subclasses list their per-slot metadata tensors in ``state_names`` (each an attribute of shape
+    ``[capacity]``) and implement :meth:`reset` (a slot gets a new key), :meth:`record` (accesses) and
+    :meth:`scores`. All of them receive whole batches of slots.
+
+    Args:
+        capacity (int): number of slots; at least 1.
+
+    Raises:
+        ConfigError: ``capacity`` is not a positive integer.
+
+    Example::
+
+        class MostRecentlyInserted(ScoredEvictionPolicy):
+            state_names = ("inserted",)
+
+            def __init__(self, capacity):
+                super().__init__(capacity)
+                self.inserted = torch.zeros(capacity, dtype=torch.int64)
+
+            def reset(self, slots, keys, step):
+                self.inserted[slots] = step
+
+            def record(self, slots, counts, step, signals):
+                pass
+
+            def scores(self, step):
+                return -self.inserted
+    """
+
+    state_names: Tuple[str, ...] = ()
+
+    def __init__(self, capacity: int, **options: Any) -> None:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+            raise ConfigError(f"an eviction policy needs a positive integer capacity, got {capacity!r}")
+        super().__init__(capacity, **options)
+        self.resident = torch.zeros(capacity, dtype=torch.bool)
+
+    @abc.abstractmethod
+    def reset(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
+        """``slots`` now hold new ``keys``: clear what was known about the previous occupants."""
+
+    @abc.abstractmethod
+    def record(
+        self, slots: torch.Tensor, counts: torch.Tensor, step: int, signals: Optional[Dict[str, torch.Tensor]]
+    ) -> None:
+        """``slots`` were used ``counts`` (int64) times at ``step``."""
+
+    @abc.abstractmethod
+    def scores(self, step: int) -> torch.Tensor:
+        """``[capacity]`` scores at ``step``; the lowest resident evictable ones are evicted first."""
+
+    def on_insert(
+        self,
+        slots: torch.Tensor,
+        keys: torch.Tensor,
+        step: int,
+        counts: Optional[torch.Tensor] = None,
+        signals: Optional[Dict[str, torch.Tensor]] = None,
+    ) -> None:
+        self.resident[slots] = True
+        self.reset(slots, keys, step)
+        self.record(slots, ones_like_slots(slots, counts), step, signals)
+
+    def on_access(
+        self,
+        slots: torch.Tensor,
+        keys: torch.Tensor,
+        counts: torch.Tensor,
+        step: int,
+        signals: Optional[Dict[str, torch.Tensor]] = None,
+    ) -> None:
+        self.record(slots, counts.to(torch.int64), step, signals)
+
+    def on_remove(self, slots: torch.Tensor) -> None:
+        self.resident[slots] = False
+
+    def select_victims(self, num: int, evictable: torch.Tensor, step: int) -> torch.Tensor:
+        return lowest(self.scores(step), self.resident & evictable, num)
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        names = ("resident",) + tuple(self.state_names)
+        return {name: getattr(self, name).clone() for name in names}
+
+    def load_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
+        names = ("resident",) + tuple(self.state_names)
+        for name in names:
+            ref = getattr(self, name)
+            if name not in state or state[name].shape != ref.shape or state[name].dtype != ref.dtype:
+                got = f"{tuple(state[name].shape)} {state[name].dtype}" if name in state else "nothing"
+                raise ConfigError(
+                    f"{type(self).__name__} state {name!r}: expected {tuple(ref.shape)} {ref.dtype}, got {got}; "
+                    f"restore it into a policy with the same capacity ({self.capacity}) and options"
+                )
+        for name in names:
+            getattr(self, name).copy_(state[name])
