@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from torchrec_ascend.errors import ConfigError, StorageError
 from torchrec_ascend.policies.registry import create_eviction_policy
-from torchrec_ascend.policies.simulator import BeladyPolicy, plot, prepare, replay, simulate
+from torchrec_ascend.policies.simulator import belady_policy, frequency_oracle_policy, plot, prepare, replay, simulate
 from torchrec_ascend.policies.traces import drifting_trace, make_trace, movielens_trace, zipf_trace
 
 traces = st.lists(st.one_of(st.integers(0, 12), st.just(2**63 - 1)), min_size=1, max_size=60)
@@ -57,8 +57,9 @@ def test_prepare_matches_python_batching(trace, batch_size):
 def test_belady_matches_python_reference_and_beats_every_builtin(trace, batch_size, extra):
     batches = prepare(torch.tensor(trace, dtype=torch.int64), batch_size)
     capacity = batches.max_batch_keys + extra
-    best = replay(batches, BeladyPolicy(capacity, batches)).hits
+    best = replay(batches, belady_policy(capacity, batches)).hits
     assert best == python_belady_hits(trace, batch_size, capacity)
+    assert replay(batches, frequency_oracle_policy(capacity, batches)).hits <= best
     for name, options in [("lru", {}), ("lfu", {}), ("epoch_lfu", {"epoch_steps": 2}), ("showclick", {})]:
         assert replay(batches, create_eviction_policy(name, capacity, **options)).hits <= best
 
@@ -87,13 +88,14 @@ def test_cache_smaller_than_a_batch_is_a_config_error():
 def test_simulate_report_table_ratios_and_plot(tmp_path):
     trace = zipf_trace(3000, 300, seed=1)
     report = simulate(trace, 50, [60, 120], {"lru": {}, "lfu": {}, "ttl": {}}, label="zipf")
-    assert report.policies() == ["belady", "lru", "lfu"]
+    assert report.policies() == ["belady", "oracle_lfu", "lru", "lfu"]
     assert any("skipped ttl" in note for note in report.notes)
     for capacity in (60, 120):
         assert report.ratio("belady", capacity) == 1.0
         assert 0 < report.ratio("lfu", capacity) <= 1.0
+        assert 0 < report.ratio("oracle_lfu", capacity) <= 1.0
     table = report.table()
-    assert "cache 60" in table and "lru" in table and "skipped ttl" in table
+    assert table.startswith("trace zipf:") and "cache 60" in table and "lru" in table and "skipped ttl" in table
     plot([report, report], str(tmp_path / "sim.png"))
     assert (tmp_path / "sim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -25,8 +25,15 @@ import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
+
+try:
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+except ImportError as err:  # a test dependency: the rest of the package works without it
+    raise ImportError(
+        "the policy contract kit runs hypothesis property checks; install it with "
+        "`pip install 'torchrec-ascend[test]'` (or `pip install hypothesis`)"
+    ) from err
 
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.policies.base import AdmissionPolicy, EvictionPolicy

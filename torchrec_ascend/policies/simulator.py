@@ -9,7 +9,9 @@ Batch semantics (the same for every policy and for the optimum):
   :class:`EvictionCadence`; on cadence steps the slots the policy calls expired are dropped first).
 
 The optimum is Belady's MIN under the same semantics: it evicts the resident slots whose key is next used
-furthest in the future. Next uses are computed for the whole trace at once (sort by key, then batch).
+furthest in the future. Next uses are computed for the whole trace at once (sort by key, then batch). A second
+yardstick, ``oracle_lfu``, knows only each key's total popularity: on stationary traces it bounds what an online
+policy can reach, which shows how much of the gap to Belady any policy could close.
 Per-batch work is a few tensor ops over the batch and the capacity, never a loop over IDs.
 
 Example::
@@ -35,6 +37,10 @@ from torchrec_ascend.policies.registry import create_eviction_policy
 from torchrec_ascend.policies.scored import lowest
 
 OPTIMAL = "belady"
+REFERENCE_STYLES = {
+    OPTIMAL: dict(color="black", linestyle="--", linewidth=2),
+    "oracle_lfu": dict(color="gray", linestyle=":", linewidth=2),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,31 +117,34 @@ def prepare(trace: torch.Tensor, batch_size: int) -> TraceBatches:
     return TraceBatches(ids[dense], dense, counts, offsets, next_use, num_keys, trace.numel())
 
 
-class BeladyPolicy(EvictionPolicy):
-    """Belady's MIN for a prepared trace: evicts the slots whose key is next used furthest in the future.
+class TraceOraclePolicy(EvictionPolicy):
+    """A reference that knows the trace: evicts the slots whose key's latest lookup has the lowest ``value``.
 
-    It reads the future from ``batches``, so it only works inside :func:`replay` of the same trace (``step`` is
-    the batch index); it is the simulator's reference, not an installable policy.
+    It reads ``batches``, so it only works inside :func:`replay` of the same trace (``step`` is the batch index);
+    it is a yardstick for the simulator, not an installable policy. See :func:`belady_policy` and
+    :func:`frequency_oracle_policy`.
 
     Args:
         capacity (int): number of slots.
         batches (TraceBatches): the trace being replayed.
+        value (torch.Tensor): one number per lookup of ``batches``, int64 or float ``[L]``.
 
     Example::
 
-        replay(batches, BeladyPolicy(1024, batches))
+        replay(batches, TraceOraclePolicy(1024, batches, -batches.next_use))  # Belady
     """
 
-    def __init__(self, capacity: int, batches: TraceBatches) -> None:
+    def __init__(self, capacity: int, batches: TraceBatches, value: torch.Tensor) -> None:
         super().__init__(capacity)
         self.batches = batches
-        self.next_use = torch.zeros(capacity, dtype=torch.int64)
+        self.lookup_value = value
+        self.value = torch.zeros(capacity, dtype=value.dtype)
         self.resident = torch.zeros(capacity, dtype=torch.bool)
 
     def _record(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
         start, end = int(self.batches.offsets[step]), int(self.batches.offsets[step + 1])
-        position = start + torch.searchsorted(self.batches.keys[start:end], keys)
-        self.next_use[slots] = self.batches.next_use[position]
+        position = start + torch.searchsorted(self.batches.keys[start:end], keys)  # keys ascend within a batch
+        self.value[slots] = self.lookup_value[position]
 
     def on_insert(
         self,
@@ -162,7 +171,37 @@ class BeladyPolicy(EvictionPolicy):
         self.resident[slots] = False
 
     def select_victims(self, num: int, evictable: torch.Tensor, step: int) -> torch.Tensor:
-        return lowest(-self.next_use, self.resident & evictable, num)
+        return lowest(self.value, self.resident & evictable, num)
+
+
+def belady_policy(capacity: int, batches: TraceBatches) -> TraceOraclePolicy:
+    """Belady's MIN: evicts the slots whose key is next used furthest in the future (the optimum).
+
+    Example::
+
+        best = replay(batches, belady_policy(1024, batches)).hit_rate
+    """
+    return TraceOraclePolicy(capacity, batches, -batches.next_use)
+
+
+def frequency_oracle_policy(capacity: int, batches: TraceBatches) -> TraceOraclePolicy:
+    """Perfect LFU: evicts the slots whose key has the fewest lookups in the whole trace.
+
+    It knows how popular each key is, not when it is used: on a stationary trace (independent draws, like
+    ``zipf``) this is the classic bound for what an online policy can reach, well below Belady's at small caches.
+
+    Example::
+
+        bound = replay(batches, frequency_oracle_policy(1024, batches)).hit_rate
+    """
+    totals = torch.zeros(batches.num_keys, dtype=torch.int64).index_add_(
+        0, batches.dense, torch.ones_like(batches.dense)
+    )
+    return TraceOraclePolicy(capacity, batches, totals[batches.dense])
+
+
+#: Reference policies every simulation runs, by the name reports give them.
+REFERENCES = {OPTIMAL: belady_policy, "oracle_lfu": frequency_oracle_policy}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,7 +307,7 @@ class SimReport:
         batch_size (int): accesses per batch.
         num_accesses (int): trace length.
         num_keys (int): distinct IDs.
-        results (List[SimResult]): one per (policy, capacity), optimum included.
+        results (List[SimResult]): one per (policy, capacity), references (:data:`REFERENCES`) included.
         notes (List[str]): what was left out and why (policies whose options were rejected...).
     """
 
@@ -280,7 +319,7 @@ class SimReport:
     notes: List[str] = dataclasses.field(default_factory=list)
 
     def policies(self) -> List[str]:
-        """Policy names in result order, the optimum first."""
+        """Policy names in result order, the references first."""
         return list(dict.fromkeys(r.policy for r in self.results))
 
     def capacities(self) -> List[int]:
@@ -328,7 +367,7 @@ def simulate(
     label: str = "trace",
     cadence_options: Optional[Dict[str, Any]] = None,
 ) -> SimReport:
-    """Replay ``trace`` through each policy and Belady's optimum at each cache size.
+    """Replay ``trace`` through each policy and the references (Belady's optimum, oracle LFU) at each cache size.
 
     Args:
         trace (torch.Tensor): int64 ``[N]`` IDs.
@@ -353,8 +392,9 @@ def simulate(
     skipped: Dict[str, str] = {}
     cadence_options = cadence_options or {}
     for capacity in capacities:
-        best = replay(batches, BeladyPolicy(capacity, batches), EvictionCadence(capacity, **cadence_options))
-        results.append(dataclasses.replace(best, policy=OPTIMAL))
+        for reference, make in REFERENCES.items():
+            result = replay(batches, make(capacity, batches), EvictionCadence(capacity, **cadence_options))
+            results.append(dataclasses.replace(result, policy=reference))
         for name, options in policies.items():
             if name in skipped:
                 continue
@@ -370,27 +410,35 @@ def simulate(
 
 
 def plot(reports: Sequence[SimReport], path: str) -> None:
-    """Write a PNG with one panel per report: hit rate against cache size, the optimum dashed.
+    """Write a PNG with one panel per report: hit rate against cache size, the references dashed and dotted.
 
     Args:
         reports (Sequence[SimReport]): one per trace.
         path (str): output file.
 
+    Raises:
+        ConfigError: matplotlib is not installed.
+
     Example::
 
         plot([report], "cache_sim.png")
     """
-    import matplotlib
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise ConfigError(
+            f"plotting to {path} needs matplotlib: `pip install matplotlib`, or skip the plot (cache-sim --plot '')"
+        ) from err
 
     fig, axes = plt.subplots(1, len(reports), figsize=(5.5 * len(reports), 4.2), squeeze=False)
     for ax, report in zip(axes[0], reports):
         caps = report.capacities()
         for policy in report.policies():
             rates = [report.result(policy, c).hit_rate for c in caps]
-            style = dict(color="black", linestyle="--", linewidth=2) if policy == OPTIMAL else dict(marker="o")
+            style = REFERENCE_STYLES.get(policy, dict(marker="o"))
             ax.plot(caps, rates, label=policy, **style)
         ax.set_xscale("log")
         ax.set_xlabel("cache slots")
