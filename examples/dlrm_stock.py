@@ -72,7 +72,9 @@ def main() -> None:
 
     constraints = {f"t_{name}": ParameterConstraints(sharding_types=[sharding]) for name, _, sharding in TABLES}
     sharders = get_default_sharders()
-    topology = TopologyFactory.create_topology(TrainerConfig(world_size=world), kernel_config=KernelConfig(device.type))
+    topology = TopologyFactory.create_topology(
+        TrainerConfig(world_size=world), kernel_config=KernelConfig(compute_device=device.type)
+    )
     planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     if rank == 0:

@@ -22,7 +22,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
@@ -80,6 +81,32 @@ def init_process_group() -> None:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
 
 
+def shard_model(
+    args: argparse.Namespace, num_item_rows: int, world_size: int, device: torch.device
+) -> Tuple[DistributedModelParallel, CombinedOptimizer, ShardingPlan]:
+    """Build the model, plan its tables with the stock planner and shard it (collective: call on every rank)."""
+    tables = item_tables(num_item_rows, dim=args.dim)
+    model = HSTURecommender(tables, args.max_seq_len, args.layers, args.heads, args.dropout, args.temperature,
+                            device=torch.device("meta"))
+    # Stock TorchRec idiom: the table's optimizer is fused into the backward of the embedding kernel.
+    apply_optimizer_in_backward(RowWiseAdagrad, model.item_embeddings.parameters(), {"lr": args.sparse_lr})
+    sharders = embedding_sharders()
+    planner = EmbeddingShardingPlanner(
+        topology=TopologyFactory.create_topology(
+            TrainerConfig(world_size=world_size), kernel_config=KernelConfig(compute_device=device.type)
+        ),
+        constraints=item_constraints(),
+        storage_reservation=FixedPercentageStorageReservation(percentage=0.15),
+    )
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
+    dense = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(dmp.named_parameters())),
+        lambda params: torch.optim.AdamW(params, lr=args.dense_lr),
+    )
+    return dmp, CombinedOptimizer([dmp.fused_optimizer, dense]), plan
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     started = time.perf_counter()
@@ -98,25 +125,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     windows = training_windows(split, args.max_seq_len)
     loader = TrainBatches(windows, catalogue, args.batch_size, args.negatives, rank, world, args.seed)
 
-    tables = item_tables(num_item_rows=data.max_item_id + 1, dim=args.dim)
-    model = HSTURecommender(tables, args.max_seq_len, args.layers, args.heads, args.dropout, args.temperature,
-                            device=torch.device("meta"))
-    # Stock TorchRec idiom: the table's optimizer is fused into the backward of the embedding kernel.
-    apply_optimizer_in_backward(RowWiseAdagrad, model.item_embeddings.parameters(), {"lr": args.sparse_lr})
-    sharders = embedding_sharders()
-    topology = TopologyFactory.create_topology(TrainerConfig(world_size=world), kernel_config=KernelConfig(device.type))
-    planner = EmbeddingShardingPlanner(
-        topology=topology,
-        constraints=item_constraints(),
-        storage_reservation=FixedPercentageStorageReservation(percentage=0.15),
-    )
-    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
-    dense = KeyedOptimizerWrapper(
-        dict(in_backward_optimizer_filter(dmp.named_parameters())),
-        lambda params: torch.optim.AdamW(params, lr=args.dense_lr),
-    )
-    optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
+    dmp, optimizer, plan = shard_model(args, num_item_rows=data.max_item_id + 1, world_size=world, device=device)
     pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
     setup_s = time.perf_counter() - started
     if rank == 0:

@@ -65,11 +65,9 @@ def test_matches_reference(half_life, operations):
         free = [s for s in range(CAPACITY) if s not in reference.slots]
         if kind == "insert" and free:
             slots = free[:num]
-            if flags[0]:  # counts given, or the default of one access each
-                policy.on_insert(torch.tensor(slots), torch.tensor(slots) + 100, step, torch.tensor(counts[: len(slots)]))
-            else:
-                policy.on_insert(torch.tensor(slots), torch.tensor(slots) + 100, step)
-            reference.insert(slots, counts[: len(slots)] if flags[0] else [1] * len(slots), step)
+            given = counts[: len(slots)] if flags[0] else None  # counts, or the default of one access each
+            policy.on_insert(torch.tensor(slots), torch.tensor(slots) + 100, step, given and torch.tensor(given))
+            reference.insert(slots, given or [1] * len(slots), step)
         elif kind == "access" and resident:
             slots = [s for s, flag in zip(resident, flags) if flag] or resident[:1]
             policy.on_access(torch.tensor(slots), torch.tensor(slots) + 100, torch.tensor(counts[: len(slots)]), step)
