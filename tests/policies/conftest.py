@@ -6,20 +6,7 @@ from typing import Any, Callable, Iterator, List
 
 import pytest
 
-from torchrec_ascend.hookspecs import hookimpl
 from torchrec_ascend.plugin_manager import get_plugin_manager
-from torchrec_ascend.policies.base import PolicySpec
-
-
-class SpecPlugin:
-    """A plugin object whose ``torchrec_ascend_policies`` hook returns the given items."""
-
-    def __init__(self, items: List[Any]) -> None:
-        self.items = items
-
-    @hookimpl
-    def torchrec_ascend_policies(self) -> List[PolicySpec]:
-        return self.items
 
 
 @pytest.fixture
