@@ -66,6 +66,15 @@ def test_protection_invariant(inserted, pinned, num, min_residency):
     assert victims <= mature if num <= len(mature) else mature <= victims
 
 
+def test_state_round_trip_keeps_the_protection():
+    policy, cadence = _lfu_with_young_slots()
+    restored = EvictionCadence(4, min_residency=3)
+    restored.load_state_dict(cadence.state_dict())
+    assert sorted(restored.select(policy, 2, torch.ones(4, dtype=torch.bool), step=6).tolist()) == [0, 1]
+    with pytest.raises(ConfigError, match="same capacity"):
+        EvictionCadence(5).load_state_dict(cadence.state_dict())
+
+
 @pytest.mark.parametrize(
     "options, message",
     [({"interval": 0}, "interval"), ({"min_residency": -1}, "min_residency"), ({"headroom": 1.0}, "headroom")],

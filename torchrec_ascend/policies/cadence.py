@@ -122,3 +122,22 @@ class EvictionCadence:
         self.stats["young_evicted"] += num - available
         first = policy.select_victims(available, mature, step) if available else torch.empty(0, dtype=torch.int64)
         return torch.cat([first, policy.select_victims(num - available, evictable & young, step)])
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        """Insertion steps and residency (the protection survives a checkpoint), as copies."""
+        return {"inserted_step": self.inserted_step.clone(), "resident": self.resident.clone()}
+
+    def load_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
+        """Restore :meth:`state_dict`'s output.
+
+        Raises:
+            ConfigError: the state is for another capacity.
+        """
+        for name in ("inserted_step", "resident"):
+            if name not in state or state[name].shape != (self.capacity,):
+                raise ConfigError(
+                    f"cadence state {name!r} is missing or not of shape ({self.capacity},); load a state saved by a "
+                    f"cadence of the same capacity"
+                )
+        self.inserted_step.copy_(state["inserted_step"])
+        self.resident.copy_(state["resident"])
