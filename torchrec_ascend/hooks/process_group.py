@@ -15,7 +15,7 @@ from torchrec_ascend import backends
 from torchrec_ascend.hooks.versions import TORCHREC_1_8
 from torchrec_ascend.injection.patch import Patch
 
-_PROCESS_GROUP_CLASSES = ("ProcessGroupNCCL", "ProcessGroupGloo", "ProcessGroupHCCL", "Work")
+_PROCESS_GROUP_CLASSES = ("ProcessGroup", "ProcessGroupNCCL", "ProcessGroupGloo", "ProcessGroupHCCL", "Work")
 
 
 def no_copy_classes() -> List[type]:
