@@ -36,7 +36,6 @@ native_sources = sorted(str(p) for p in Path("kernels/csrc").rglob("*.cpp"))
 setup(
     packages=packages,
     package_dir=package_dir,
-    package_data={"torchrec_ascend.conformance_tests": ["stock/*.py"]},
     ext_modules=[
         CppExtension(
             "torchrec_ascend.kernels._C",

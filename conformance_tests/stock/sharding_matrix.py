@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import os
 import sys
@@ -371,7 +372,10 @@ def main() -> int:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     pg = dist.group.WORLD
-    results = [run_case(case, pg) for case in json.loads(args.cases)]
+    results = []
+    for case in json.loads(args.cases):
+        results.append(run_case(case, pg))
+        gc.collect()  # free each case's sharded modules (and their DDP/comm threads) while the group is alive
     if dist.get_rank() == 0:
         # Read what torch's entry point left in sys.modules, without importing anything of the plugin.
         autoload = sys.modules.get("torchrec_ascend.injection.autoload")

@@ -33,10 +33,12 @@ FUSED_PARAMS_KEY = "torchrec_ascend_hash"
 
 @dataclasses.dataclass(frozen=True)
 class HashTableSpec:
-    """The hash options of one table, frozen and hashable (what kernels receive).
+    """The hash options of one table, frozen and hashable: what kernels receive in the table's fused_params.
+
+    Capacity and initial value range are not part of it (kernels read them from TorchRec's own table config), so
+    hash tables with the same options share one grouped kernel as plain tables do.
 
     Args:
-        capacity: the table's row capacity (its ``num_embeddings``).
         overflow: ``"error"`` raises when an insert finds the table full; ``"evict"`` frees rows chosen by the
             eviction policy first (counted in the table's metrics).
         eviction_policy: policy name (see ``torchrec-ascend policies``); used by ``"evict"`` and by the KEY_VALUE
@@ -44,13 +46,10 @@ class HashTableSpec:
         eviction_options: policy options as sorted ``(name, value)`` pairs.
         admission_policy: policy name deciding whether a new ID gets a row; None admits every ID.
         admission_options: policy options as sorted pairs.
-        not_admitted_value: every element of the vector a rejected ID is looked up as.
+        not_admitted_value: every element of the vector a rejected (or, in eval mode, unknown) ID is looked up as.
         init_seed: seed of the deterministic per-ID initialisation.
-        init_min: lower bound of the initial values.
-        init_max: upper bound of the initial values.
     """
 
-    capacity: int
     overflow: str = "error"
     eviction_policy: str = "lru"
     eviction_options: Tuple[Tuple[str, Any], ...] = ()
@@ -58,12 +57,14 @@ class HashTableSpec:
     admission_options: Tuple[Tuple[str, Any], ...] = ()
     not_admitted_value: float = 0.0
     init_seed: int = 0
-    init_min: float = -0.01
-    init_max: float = 0.01
 
 
 class HashTableOptions:
-    """The fields a hash config adds to TorchRec's (mixed into both config classes)."""
+    """The fields a hash config adds to TorchRec's (mixed into both config classes).
+
+    Each shard of a hash table keeps its last row for the vector of rejected IDs, so a table sharded ``S`` ways holds
+    up to ``num_embeddings - S`` IDs at once.
+    """
 
     overflow: str
     eviction_policy: str
@@ -77,7 +78,6 @@ class HashTableOptions:
         """This table's options as a frozen :class:`HashTableSpec`."""
         assert isinstance(self, BaseEmbeddingConfig)
         return HashTableSpec(
-            capacity=self.num_embeddings,
             overflow=self.overflow,
             eviction_policy=self.eviction_policy,
             eviction_options=tuple(sorted(self.eviction_options.items())),
@@ -85,15 +85,16 @@ class HashTableOptions:
             admission_options=tuple(sorted(self.admission_options.items())),
             not_admitted_value=float(self.not_admitted_value),
             init_seed=int(self.init_seed),
-            init_min=float(self.get_weight_init_min()),
-            init_max=float(self.get_weight_init_max()),
         )
 
     def _validate(self) -> None:
         assert isinstance(self, BaseEmbeddingConfig)
         where = f"hash table {self.name!r}"
-        if self.num_embeddings <= 0:
-            raise ConfigError(f"{where}: num_embeddings is the row capacity and must be > 0, got {self.num_embeddings}")
+        if self.num_embeddings < 2:
+            raise ConfigError(
+                f"{where}: num_embeddings is the row capacity and must be >= 2 (one row per shard holds the "
+                f"not-admitted vector), got {self.num_embeddings}"
+            )
         if self.overflow not in OVERFLOW_RULES:
             raise ConfigError(f"{where}: overflow must be one of {OVERFLOW_RULES}, got {self.overflow!r}")
         if not self.eviction_policy:

@@ -1,5 +1,236 @@
-"""Hash tables inside stock TorchRec modules (filled in with the hash-table kernels)."""
+"""Hash tables inside stock TorchRec modules: unsharded lookups, sharding, and planning.
+
+* Stock ``EmbeddingBagCollection`` / ``EmbeddingCollection`` build an ``nn.EmbeddingBag`` / ``nn.Embedding`` per
+  table; for a hash config we swap in the hash lookup (same call signature) right after the stock ``__init__``.
+* When those collections are sharded, each hash table's options travel to its kernel inside TorchRec's per-table
+  ``fused_params`` (the only per-table channel that reaches the kernel factory), row-wise hash tables get the
+  hash-placement input dist, and sharding types a hash table cannot use are refused with the table's name.
+* The planner never proposes those sharding types for a hash table.
+"""
 
 from __future__ import annotations
 
-PATCHES: list = []
+from typing import Any, Callable, Dict, Iterable, List, Set
+
+from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.hooks.versions import TORCHREC_1_8
+from torchrec_ascend.injection.patch import Patch
+
+_MODULES = "torchrec.modules.embedding_modules"
+_HASH_TABLES_ATTR = "_torchrec_ascend_hash_tables"
+
+
+def _hash_configs(configs: Iterable[Any]) -> Dict[str, Any]:
+    from torchrec_ascend.hash.configs import is_hash_config
+
+    return {c.name: c for c in configs if is_hash_config(c)}
+
+
+def _collection_init(attribute: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def wrap(original: Callable[..., None]) -> Callable[..., None]:
+        def __init__(self: Any, tables: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, tables, *args, **kwargs)
+            if _hash_configs(tables):
+                from torchrec_ascend.hash.modules import install_hash_modules
+
+                install_hash_modules(self, list(tables), attribute)
+
+        return __init__
+
+    return wrap
+
+
+def _attach_specs(infos_by_type: Dict[str, List[Any]], configs: Iterable[Any]) -> None:
+    """Put each hash table's spec into its sharding info's fused_params; refuse unsupported sharding types."""
+    from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY
+    from torchrec_ascend.sharders import HASH_SHARDING_TYPES
+
+    hash_configs = _hash_configs(configs)
+    for sharding_type, infos in infos_by_type.items():
+        for info in infos:
+            config = hash_configs.get(info.embedding_config.name)
+            if config is None:
+                continue
+            if sharding_type not in HASH_SHARDING_TYPES:
+                raise ConfigError(
+                    f"hash table {config.name!r} cannot be sharded {sharding_type}: hash tables support "
+                    f"{', '.join(HASH_SHARDING_TYPES)}. Constrain it with ParameterConstraints(sharding_types=[...])."
+                )
+            info.fused_params = {**(info.fused_params or {}), FUSED_PARAMS_KEY: config.hash_spec()}
+
+
+def _pooled_infos(original: Callable[..., Any]) -> Callable[..., Any]:
+    def create_grouped_sharding_infos(cls: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
+        infos = original(cls, module, *args, **kwargs)
+        _attach_specs(infos, module.embedding_bag_configs())
+        return infos
+
+    return create_grouped_sharding_infos
+
+
+def _sequence_infos(original: Callable[..., Any]) -> Callable[..., Any]:
+    def create_grouped_sharding_infos(cls: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
+        infos = original(cls, module, *args, **kwargs)
+        _attach_specs(infos, module.embedding_configs())
+        return infos
+
+    return create_grouped_sharding_infos
+
+
+def _hash_row_wise(sharding_type: str, infos: List[Any]) -> bool:
+    """True if ``infos`` are row-wise hash tables; raises if hash and plain row-wise tables are mixed."""
+    from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY
+
+    if sharding_type != "row_wise":
+        return False
+    hashed = [FUSED_PARAMS_KEY in (i.fused_params or {}) for i in infos]
+    if any(hashed) and not all(hashed):
+        names = lambda flag: [i.embedding_config.name for i, h in zip(infos, hashed) if h == flag]  # noqa: E731
+        raise ConfigError(
+            f"row_wise hash tables {names(True)} and row_wise plain tables {names(False)} are in one module: "
+            "make the plain ones hash tables (HashEmbeddingBagConfig / HashEmbeddingConfig with the same "
+            "num_embeddings) or shard them another way."
+        )
+    return any(hashed)
+
+
+def _pooled_sharding(original: Callable[..., Any]) -> Callable[..., Any]:
+    def create_embedding_bag_sharding(cls: Any, sharding_infos: List[Any], env: Any, device: Any = None,
+                                      *args: Any, **kwargs: Any) -> Any:
+        if _hash_row_wise(sharding_infos[0].param_sharding.sharding_type, sharding_infos):
+            from torchrec_ascend.sharders.hash_row_wise import HashRwPooledEmbeddingSharding
+
+            return HashRwPooledEmbeddingSharding(
+                sharding_infos, env, device, qcomm_codecs_registry=kwargs.get("qcomm_codecs_registry")
+            )
+        return original(cls, sharding_infos, env, device, *args, **kwargs)
+
+    return create_embedding_bag_sharding
+
+
+def _sequence_sharding(original: Callable[..., Any]) -> Callable[..., Any]:
+    def create_embedding_sharding(cls: Any, sharding_type: str, sharding_infos: List[Any], env: Any,
+                                  device: Any = None, qcomm_codecs_registry: Any = None) -> Any:
+        if _hash_row_wise(sharding_type, sharding_infos):
+            from torchrec_ascend.sharders.hash_row_wise import HashRwSequenceEmbeddingSharding
+
+            return HashRwSequenceEmbeddingSharding(
+                sharding_infos=sharding_infos, env=env, device=device, qcomm_codecs_registry=qcomm_codecs_registry
+            )
+        return original(cls, sharding_type, sharding_infos, env, device, qcomm_codecs_registry)
+
+    return create_embedding_sharding
+
+
+def _enumerate(original: Callable[..., Any]) -> Callable[..., Any]:
+    def enumerate(self: Any, module: Any, sharders: Any) -> Any:
+        names: Set[str] = set()
+        for child in module.modules():
+            for getter in ("embedding_bag_configs", "embedding_configs"):
+                if hasattr(child, getter):
+                    names |= set(_hash_configs(getattr(child, getter)()))
+        setattr(self, _HASH_TABLES_ATTR, names)
+        return original(self, module, sharders)
+
+    return enumerate
+
+
+def _filter_sharding_types(original: Callable[..., List[str]]) -> Callable[..., List[str]]:
+    def _filter_sharding_types(self: Any, name: str, allowed: List[str], *args: Any, **kwargs: Any) -> List[str]:
+        if name in getattr(self, _HASH_TABLES_ATTR, ()):
+            from torchrec_ascend.sharders import HASH_SHARDING_TYPES
+
+            allowed = [t for t in allowed if t in HASH_SHARDING_TYPES]
+        return original(self, name, allowed, *args, **kwargs)
+
+    return _filter_sharding_types
+
+
+def _pre_load(original: Callable[..., None]) -> Callable[..., None]:
+    def _pre_load_state_dict_hook(self: Any, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
+        # An unsharded hash table's ID map describes its own rows, not the shards' (placement is by hash): the
+        # sharded kernels start empty and fill rows as IDs arrive. Moving trained hash tables between layouts is
+        # the checkpoint Saver's job.
+        for key in [k for k in state_dict if k.startswith(prefix) and ".slots." in k]:
+            del state_dict[key]
+        original(self, state_dict, prefix, *args)
+
+    return _pre_load_state_dict_hook
+
+
+_EBC = "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection"
+_EC = "torchrec.distributed.embedding:ShardedEmbeddingCollection"
+_ENUMERATOR = "torchrec.distributed.planner.enumerators:EmbeddingEnumerator"
+
+PATCHES = [
+    Patch.wrap(
+        name="hash.ebc_lookups",
+        target=f"{_MODULES}:EmbeddingBagCollection.__init__",
+        requires=TORCHREC_1_8,
+        reason="an unsharded EmbeddingBagCollection must look hash configs up by raw ID",
+        wrapper=_collection_init("embedding_bags"),
+    ),
+    Patch.wrap(
+        name="hash.ec_lookups",
+        target=f"{_MODULES}:EmbeddingCollection.__init__",
+        requires=TORCHREC_1_8,
+        reason="an unsharded EmbeddingCollection must look hash configs up by raw ID",
+        wrapper=_collection_init("embeddings"),
+    ),
+    Patch.wrap(
+        name="hash.ebc_table_specs",
+        target=f"{_EBC}.create_grouped_sharding_infos",
+        requires=TORCHREC_1_8,
+        reason="a hash table's options must reach its kernel (via per-table fused_params)",
+        wrapper=_pooled_infos,
+    ),
+    Patch.wrap(
+        name="hash.ec_table_specs",
+        target=f"{_EC}.create_grouped_sharding_infos",
+        requires=TORCHREC_1_8,
+        reason="a hash table's options must reach its kernel (via per-table fused_params)",
+        wrapper=_sequence_infos,
+    ),
+    Patch.wrap(
+        name="hash.ebc_row_wise",
+        target=f"{_EBC}.create_embedding_bag_sharding",
+        requires=TORCHREC_1_8,
+        reason="row-wise hash tables are placed by hash(ID) % world_size, not by row range",
+        wrapper=_pooled_sharding,
+    ),
+    Patch.wrap(
+        name="hash.ec_row_wise",
+        target=f"{_EC}.create_embedding_sharding",
+        requires=TORCHREC_1_8,
+        reason="row-wise hash tables are placed by hash(ID) % world_size, not by row range",
+        wrapper=_sequence_sharding,
+    ),
+    Patch.wrap(
+        name="hash.ebc_unsharded_copy",
+        target=f"{_EBC}._pre_load_state_dict_hook",
+        requires=TORCHREC_1_8,
+        reason="sharding copies the unsharded state; an unsharded ID map does not apply to hash-placed shards",
+        wrapper=_pre_load,
+    ),
+    Patch.wrap(
+        name="hash.ec_unsharded_copy",
+        target=f"{_EC}._pre_load_state_dict_hook",
+        requires=TORCHREC_1_8,
+        reason="sharding copies the unsharded state; an unsharded ID map does not apply to hash-placed shards",
+        wrapper=_pre_load,
+    ),
+    Patch.wrap(
+        name="hash.planner_tables",
+        target=f"{_ENUMERATOR}.enumerate",
+        requires=TORCHREC_1_8,
+        reason="the planner must know which tables are hash tables",
+        wrapper=_enumerate,
+    ),
+    Patch.wrap(
+        name="hash.planner_sharding_types",
+        target=f"{_ENUMERATOR}._filter_sharding_types",
+        requires=TORCHREC_1_8,
+        reason="never propose a sharding type a hash table cannot use",
+        wrapper=_filter_sharding_types,
+    ),
+]

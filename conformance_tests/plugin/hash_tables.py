@@ -1,0 +1,332 @@
+"""Hash tables sharded by DistributedModelParallel vs. the unsharded hash module vs. a plain-Python model.
+
+Run with torchrun (see ``conformance_tests/launch.py``); each case is
+``{"kind": "ebc"|"ec", "sharding_type": ..., "optimizer": "sgd"|"adagrad"|"rowwise_adagrad", "kernel": "fused"}``.
+Raw 63-bit IDs (with repeats) go through stock collections of :class:`HashEmbeddingBagConfig` /
+:class:`HashEmbeddingConfig` tables. Three models train on the same batches:
+
+* the sharded one (stock planner constrained to the sharding type; optimizer fused into backward);
+* the unsharded hash collection on the global batch (optimizer applied in backward, as TorchRec does unsharded);
+* a dict ``ID -> row`` with the same deterministic initialisation and the optimizer written out in Python.
+
+Reported per case: the largest forward difference to each oracle over all steps, and the largest difference of
+every ID's final row (gathered from all shards) to each oracle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import traceback
+from typing import Any, Dict, List, Tuple
+
+import torch
+import torch.distributed as dist
+import torchrec
+import torchrec.optim as trec_optim
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.types import ShardingEnv
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
+from torchrec_ascend.conformance_tests.stock.sharding_matrix import ColumnShardRowWiseAdagrad
+from torchrec_ascend.kernels import reference
+from torchrec_ascend.kernels.fused import HashRows
+from torchrec_ascend.kernels.walk import sharded_kernels
+
+DIM = 16
+TABLES = [("user", 64, 3), ("item", 48, 5)]  # name, capacity, init seed
+IDS_PER_FEATURE = 24  # distinct IDs each feature draws from (fits every shard's capacity)
+BATCH, STEPS, MAX_LEN, LR, EPS = 4, 8, 3, 0.1, 1e-8
+INIT = (-0.25, 0.25)
+
+
+def make_module(kind: str) -> torch.nn.Module:
+    if kind == "ec":
+        return torchrec.EmbeddingCollection(tables=[
+            HashEmbeddingConfig(name=n, num_embeddings=c, embedding_dim=DIM, feature_names=[f"f_{n}"], init_seed=s,
+                                weight_init_min=INIT[0], weight_init_max=INIT[1])
+            for n, c, s in TABLES
+        ])
+    return torchrec.EmbeddingBagCollection(tables=[
+        HashEmbeddingBagConfig(name=n, num_embeddings=c, embedding_dim=DIM, feature_names=[f"f_{n}"], init_seed=s,
+                               weight_init_min=INIT[0], weight_init_max=INIT[1])
+        for n, c, s in TABLES
+    ])
+
+
+def id_pool(table_index: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(77 + table_index)
+    return torch.randint(0, 2**63 - 1, (IDS_PER_FEATURE,), generator=gen)
+
+
+def make_batch(step: int, rank: int) -> KeyedJaggedTensor:
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    lengths = torch.randint(0, MAX_LEN + 1, (len(TABLES) * BATCH,), generator=gen)
+    values = []
+    for t in range(len(TABLES)):
+        n = int(lengths[t * BATCH:(t + 1) * BATCH].sum())
+        values.append(id_pool(t)[torch.randint(0, IDS_PER_FEATURE, (n,), generator=gen)])
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=[f"f_{n}" for n, _, _ in TABLES], values=torch.cat(values), lengths=lengths
+    )
+
+
+def rank_batches(step: int, world: int) -> List[KeyedJaggedTensor]:
+    return [make_batch(step, r) for r in range(world)]
+
+
+def concat(batches: List[KeyedJaggedTensor]) -> KeyedJaggedTensor:
+    keys = batches[0].keys()
+    lengths = [b.lengths()[f * BATCH:(f + 1) * BATCH] for f in range(len(keys)) for b in batches]
+    values = [b[k].values() for k in keys for b in batches]
+    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(values), lengths=torch.cat(lengths))
+
+
+def rows_of(kind: str, out: Any, batch: KeyedJaggedTensor) -> List[torch.Tensor]:
+    """Per sample (ebc) or per value (ec) output rows, features in sorted order, as a list of [n, DIM] blocks."""
+    if kind == "ec":
+        return [out[k].values() for k in sorted(out.keys())]
+    per_key = out.to_dict()
+    return [per_key[k] for k in sorted(per_key)]
+
+
+def split_global(kind: str, blocks: List[torch.Tensor], batches: List[KeyedJaggedTensor], rank: int) -> torch.Tensor:
+    keys = sorted(batches[0].keys())
+    parts = []
+    for key, block in zip(keys, blocks):
+        sizes = [BATCH] * len(batches) if kind == "ebc" else [int(b[key].lengths().sum()) for b in batches]
+        parts.append(torch.split(block, sizes)[rank])
+    return torch.cat(parts, dim=1 if kind == "ebc" else 0)
+
+
+def upstream(kind: str, rows: torch.Tensor, step: int, rank: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(100 * rank + step)
+    return torch.randn(rows.shape, generator=gen)
+
+
+class DictModel:
+    """The oracle written out: ID -> row (same initialisation), SUM pooling, the optimizer in plain Python."""
+
+    def __init__(self, optimizer: str, block: int) -> None:
+        self.rows: Dict[Tuple[str, int], torch.Tensor] = {}
+        self.state: Dict[Tuple[str, int], torch.Tensor] = {}
+        self.optimizer, self.block = optimizer, block
+        self.seeds = {f"f_{n}": (n, s) for n, _, s in TABLES}
+
+    def row(self, feature: str, id_: int) -> torch.Tensor:
+        table, seed = self.seeds[feature]
+        key = (table, id_)
+        if key not in self.rows:
+            self.rows[key] = reference.hash_uniform_init(torch.tensor([id_]), seed, DIM, *INIT)[0].clone()
+        return self.rows[key]
+
+    def forward(self, kind: str, batch: KeyedJaggedTensor) -> List[torch.Tensor]:
+        blocks = []
+        for key in sorted(batch.keys()):
+            jt = batch[key]
+            ids = jt.values().tolist()
+            if kind == "ec":
+                blocks.append(torch.stack([self.row(key, i) for i in ids]) if ids else torch.zeros(0, DIM))
+            else:
+                out, start = [], 0
+                for length in jt.lengths().tolist():
+                    bag = ids[start:start + length]
+                    start += length
+                    out.append(sum((self.row(key, i) for i in bag), torch.zeros(DIM)))
+                blocks.append(torch.stack(out))
+        return blocks
+
+    def backward(self, kind: str, batch: KeyedJaggedTensor, grads: List[torch.Tensor], scale: float) -> None:
+        acc: Dict[Tuple[str, int], torch.Tensor] = {}
+        for key, grad in zip(sorted(batch.keys()), grads):
+            jt = batch[key]
+            ids = jt.values().tolist()
+            per_value = grad if kind == "ec" else torch.repeat_interleave(grad, jt.lengths(), dim=0)
+            table = self.seeds[key][0]
+            for i, g in zip(ids, per_value):
+                acc[(table, i)] = acc.get((table, i), torch.zeros(DIM)) + g * scale
+        for key, g in acc.items():
+            self._update(key, g)
+
+    def _update(self, key: Tuple[str, int], g: torch.Tensor) -> None:
+        if self.optimizer == "sgd":
+            self.rows[key] -= LR * g
+            return
+        if self.optimizer == "adagrad":
+            state = self.state.setdefault(key, torch.zeros(DIM))
+            state += g * g
+            self.rows[key] -= LR * g / (state.sqrt() + EPS)
+            return
+        blocks = DIM // self.block
+        state = self.state.setdefault(key, torch.zeros(blocks))
+        state += (g * g).view(blocks, self.block).mean(dim=1)
+        std = (state.sqrt() + EPS).repeat_interleave(self.block)
+        self.rows[key] -= LR * g / std
+
+
+OPTIMIZERS = {
+    "sgd": (torch.optim.SGD, {"lr": LR}),
+    "adagrad": (torch.optim.Adagrad, {"lr": LR, "eps": EPS}),
+    "rowwise_adagrad": (trec_optim.RowWiseAdagrad, {"lr": LR, "eps": EPS}),
+}
+
+
+def shard(module: torch.nn.Module, sharding_type: str, kernel: str, pg: Any) -> DistributedModelParallel:
+    constraints = {
+        n: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel], min_partition=8)
+        for n, _, _ in TABLES
+    }
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=pg.size(), compute_device="cpu"),
+                                       constraints=constraints)
+    sharders = get_default_hybrid_sharders()
+    plan = planner.plan(module, sharders)
+    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"),
+                                    plan=plan, sharders=sharders)
+
+
+def sharded_rows(dmp: torch.nn.Module, pg: Any) -> Dict[Tuple[str, int], torch.Tensor]:
+    """Every (table, ID) -> full row, assembled from all ranks' shards (column shards concatenated)."""
+    local = []
+    for kernel in sharded_kernels(dmp):
+        if isinstance(kernel, HashRows):
+            for t, name in enumerate(kernel._table_names):
+                ids, rows, col0 = kernel.export_rows(t)
+                local.append((name, ids.tolist(), rows, col0))
+    gathered: List[Any] = [None] * pg.size()
+    dist.all_gather_object(gathered, local, group=pg)
+    pieces: Dict[Tuple[str, int], Dict[int, torch.Tensor]] = {}
+    for rank_parts in gathered:
+        for name, ids, rows, col0 in rank_parts:
+            for i, row in zip(ids, rows):
+                pieces.setdefault((name, i), {})[col0] = row
+    return {key: torch.cat([cols[c] for c in sorted(cols)]) for key, cols in pieces.items()}
+
+
+def unsharded_rows(module: torch.nn.Module, kind: str) -> Dict[Tuple[str, int], torch.Tensor]:
+    lookups = module.embeddings if kind == "ec" else module.embedding_bags
+    out = {}
+    for name, lookup in lookups.items():
+        ids, slots = lookup.slots.id_map.export()
+        for i, s in zip(ids.tolist(), slots.tolist()):
+            out[(name, i)] = lookup.weight[s].detach()
+    return out
+
+
+def max_row_diff(a: Dict[Any, torch.Tensor], b: Dict[Any, torch.Tensor]) -> float:
+    if set(a) != set(b):
+        return float("inf")
+    return max((a[k] - b[k]).abs().max().item() for k in a) if a else 0.0
+
+
+def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
+    rank, world = pg.rank(), pg.size()
+    kind, sharding_type = case["kind"], case["sharding_type"]
+    opt_cls, opt_kwargs = OPTIMIZERS[case["optimizer"]]
+    torch.manual_seed(0)
+    dmp = shard(_with_optimizer(make_module(kind), kind, opt_cls, opt_kwargs), sharding_type,
+                case.get("kernel", "fused"), pg)
+    block = _column_block(dmp) or DIM
+    if opt_cls is trec_optim.RowWiseAdagrad and block != DIM:
+        opt_cls, opt_kwargs = ColumnShardRowWiseAdagrad, {**opt_kwargs, "block": block}
+    unsharded = _with_optimizer(make_module(kind), kind, opt_cls, opt_kwargs)
+    python = DictModel(case["optimizer"], block)
+    scale = 1.0 / world  # TorchRec averages embedding gradients over ranks
+
+    err_unsharded = err_python = 0.0
+    for step in range(STEPS):
+        batches = rank_batches(step, world)
+        ref_blocks = rows_of(kind, unsharded(concat(batches)), concat(batches))
+        py_blocks = python.forward(kind, concat(batches))
+        mine = torch.cat(rows_of(kind, dmp(batches[rank]), batches[rank]), dim=1 if kind == "ebc" else 0)
+        err_unsharded = max(err_unsharded, (mine - split_global(kind, ref_blocks, batches, rank)).abs().max().item())
+        err_python = max(err_python, (mine - split_global(kind, py_blocks, batches, rank)).abs().max().item())
+
+        (mine * upstream(kind, mine, step, rank)).sum().backward()
+        grads = [upstream(kind, split_global(kind, ref_blocks, batches, r), step, r) for r in range(world)]
+        ref_total = sum((split_global(kind, ref_blocks, batches, r) * g).sum() for r, g in enumerate(grads))
+        (ref_total * scale).backward()
+        python.backward(kind, concat(batches), _global_grads(kind, grads, batches), scale)
+
+    final = sharded_rows(dmp, pg)
+    seen = {(n, i) for step in range(STEPS) for (n, _, _), f in zip(TABLES, range(len(TABLES)))
+            for i in concat(rank_batches(step, world))[f"f_{n}"].values().tolist()}
+    return {
+        "fwd_err_unsharded": err_unsharded,
+        "fwd_err_python": err_python,
+        "row_err_unsharded": max_row_diff(final, unsharded_rows(unsharded, kind)),
+        "row_err_python": max_row_diff(final, python.rows),
+        "ids": len(final),
+        "expected_ids": len(seen),
+    }
+
+
+def _global_grads(kind: str, grads: List[torch.Tensor], batches: List[KeyedJaggedTensor]) -> List[torch.Tensor]:
+    """Per-feature gradient blocks in global-batch order, from the per-rank [rows, features*DIM] gradients."""
+    keys = sorted(batches[0].keys())
+    out = []
+    for f, key in enumerate(keys):
+        per_rank = []
+        for r, g in enumerate(grads):
+            if kind == "ebc":
+                per_rank.append(g[:, f * DIM:(f + 1) * DIM])
+            else:
+                sizes = [int(batches[r][k].lengths().sum()) for k in keys]
+                per_rank.append(torch.split(g, sizes)[f])
+        out.append(torch.cat(per_rank))
+    return out
+
+
+def _with_optimizer(module: torch.nn.Module, kind: str, cls: Any, kwargs: Dict[str, Any]) -> torch.nn.Module:
+    lookups = module.embeddings if kind == "ec" else module.embedding_bags
+    apply_optimizer_in_backward(cls, [lookup.weight for lookup in lookups.values()], dict(kwargs))
+    return module
+
+
+def _column_block(dmp: Any) -> Any:
+    widths = [
+        shard.shard_sizes[1]
+        for ps in dmp.plan.plan[""].values()
+        for shard in getattr(ps.sharding_spec, "shards", None) or []
+        if shard.shard_sizes[1] < DIM
+    ]
+    return min(widths) if widths else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    pg = dist.group.WORLD
+    results = []
+    for case in json.loads(args.cases):
+        try:
+            result = {**case, **run_case(case, pg), "error": ""}
+        except Exception as err:
+            result = {**case, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        gathered: List[Any] = [None] * pg.size()
+        dist.all_gather_object(gathered, result, group=pg)
+        merged = dict(gathered[0])
+        merged["error"] = "; ".join(sorted({g["error"] for g in gathered if g["error"]}))
+        for key in ("fwd_err_unsharded", "fwd_err_python", "row_err_unsharded", "row_err_python"):
+            values = [g[key] for g in gathered if key in g]
+            merged[key] = max(values) if values else None
+        results.append(merged)
+        gc.collect()
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump({"info": {}, "results": results}, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Hash tables in stock collections: raw IDs, deterministic rows, state_dict, overflow, admission, eval mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchrec
+from hypothesis import given
+from hypothesis import strategies as st
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend import HashEmbeddingBagCollection, HashEmbeddingBagConfig, HashEmbeddingConfig
+from torchrec_ascend.errors import CapacityError, ConfigError
+from torchrec_ascend.hash.modules import HashEmbedding, HashEmbeddingBag
+from torchrec_ascend.kernels import reference
+
+DIM = 4
+INIT = (-0.5, 0.5)
+
+
+def ebc(capacity: int = 16, **options: object) -> torchrec.EmbeddingBagCollection:
+    return torchrec.EmbeddingBagCollection(tables=[HashEmbeddingBagConfig(
+        name="user", embedding_dim=DIM, num_embeddings=capacity, feature_names=["uid"], init_seed=7,
+        weight_init_min=INIT[0], weight_init_max=INIT[1], **options)])
+
+
+def kjt(bags: list) -> KeyedJaggedTensor:
+    values = [i for bag in bags for i in bag]
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=["uid"], values=torch.tensor(values, dtype=torch.int64), lengths=torch.tensor([len(b) for b in bags])
+    )
+
+
+def initial(ids: list) -> torch.Tensor:
+    return reference.hash_uniform_init(torch.tensor(ids, dtype=torch.int64), 7, DIM, *INIT)
+
+
+def test_stock_collections_hold_hash_lookups() -> None:
+    assert isinstance(ebc().embedding_bags["user"], HashEmbeddingBag)
+    ec = torchrec.EmbeddingCollection(tables=[HashEmbeddingConfig(name="t", embedding_dim=DIM, num_embeddings=8)])
+    assert isinstance(ec.embeddings["t"], HashEmbedding)
+
+
+@given(st.lists(st.lists(st.integers(0, 2**63 - 1), max_size=4), min_size=1, max_size=5))
+def test_rows_are_a_function_of_seed_and_id(bags: list) -> None:
+    ids = sorted({i for bag in bags for i in bag})
+    module = ebc(capacity=len(ids) + 2)
+    pooled = module(kjt(bags)).values()
+    expected = torch.stack([initial(b).sum(0) if b else torch.zeros(DIM) for b in bags])
+    torch.testing.assert_close(pooled, expected, rtol=0, atol=1e-6)
+
+
+def test_state_dict_round_trips_ids_and_rows() -> None:
+    module = ebc()
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.5)
+    for step in range(3):
+        optimizer.zero_grad()
+        module(kjt([[3, 2**60 + step], [5]])).values().sum().backward()
+        optimizer.step()
+    restored = ebc()
+    restored.load_state_dict(module.state_dict())
+    batch = kjt([[3], [2**60 + 1, 5], [99]])
+    torch.testing.assert_close(restored(batch).values(), module(batch).values(), rtol=0, atol=0)
+    ids, _ = restored.embedding_bags["user"].slots.id_map.export()
+    assert sorted(ids.tolist()) == sorted([3, 5, 99, 2**60, 2**60 + 1, 2**60 + 2])
+
+
+def test_full_table_with_overflow_error_names_the_table() -> None:
+    module = ebc(capacity=4)  # 3 IDs fit: one row per shard is the not-admitted vector
+    module(kjt([[1, 2, 3]]))
+    with pytest.raises(CapacityError, match="'user'.*overflow='evict'"):
+        module(kjt([[4]]))
+
+
+def test_evict_frees_least_recently_used_and_counts() -> None:
+    module = ebc(capacity=4, overflow="evict", eviction_policy="lru")
+    for bag in ([1], [2], [3], [1], [4], [5]):
+        module(kjt([bag]))
+    slots = module.embedding_bags["user"].slots
+    assert slots.stats()["evicted"] == 2
+    held = sorted(slots.id_map.export()[0].tolist())
+    assert held == [1, 4, 5], "2 and 3 were the least recently used"
+
+
+def test_negative_id_names_table() -> None:
+    with pytest.raises(ValueError, match="'user'.*non-negative"):
+        ebc()(kjt([[1, -3]]))
+
+
+def test_rejected_ids_read_the_not_admitted_vector() -> None:
+    module = ebc(admission_policy="count", admission_options={"threshold": 2}, not_admitted_value=0.25)
+    first = module(kjt([[11]])).values()
+    torch.testing.assert_close(first, torch.full((1, DIM), 0.25))
+    module(kjt([[11]]))  # second sighting: admitted
+    torch.testing.assert_close(module(kjt([[11]])).values(), initial([11]))
+    assert module.embedding_bags["user"].slots.stats()["rejected"] == 1
+
+
+def test_eval_mode_does_not_insert() -> None:
+    module = ebc()
+    module(kjt([[1]]))
+    module.eval()
+    out = module(kjt([[1], [2]])).values()
+    torch.testing.assert_close(out, torch.cat([initial([1]), torch.zeros(1, DIM)]))
+    assert len(module.embedding_bags["user"].slots) == 1
+
+
+def test_hash_collection_refuses_plain_tables() -> None:
+    plain = torchrec.EmbeddingBagConfig(name="p", embedding_dim=DIM, num_embeddings=4, feature_names=["p"])
+    with pytest.raises(ConfigError, match=r"\['p'\] are plain"):
+        HashEmbeddingBagCollection(tables=[plain])
+
+
+def test_bad_options_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="overflow"):
+        HashEmbeddingBagConfig(name="t", embedding_dim=DIM, num_embeddings=8, overflow="drop")
+    with pytest.raises(ConfigError, match="lruu"):
+        ebc(overflow="evict", eviction_policy="lruu")

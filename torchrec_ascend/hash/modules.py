@@ -1,0 +1,142 @@
+"""Unsharded hash tables: the modules a stock EmbeddingBagCollection / EmbeddingCollection holds for hash configs.
+
+With torchrec-ascend active, ``EmbeddingBagCollection(tables=[HashEmbeddingBagConfig(...)])`` holds a
+:class:`HashEmbeddingBag` where it would hold an ``nn.EmbeddingBag`` (and ``EmbeddingCollection`` a
+:class:`HashEmbedding`): same call signature, same ``weight`` parameter (``[num_embeddings, dim]``), plus the
+:class:`~torchrec_ascend.hash.slot_table.SlotTable` that maps raw IDs to its rows. Both are ordinary modules, so
+``state_dict()`` / ``load_state_dict()`` carry the ID map with the weights.
+
+A dense optimizer (as used unsharded) keeps its own per-parameter state: with ``overflow="evict"`` a reused row keeps
+that state. Shard the table (FUSED kernel) when rows are evicted under a stateful optimizer.
+
+``HashEmbeddingBagCollection`` / ``HashEmbeddingCollection`` are the RecSDK migration names: the stock collections,
+accepting only hash configs (shard them with :func:`~torchrec_ascend.sharders.get_default_hybrid_sharders`).
+
+Example::
+
+    ebc = HashEmbeddingBagCollection(tables=[HashEmbeddingBagConfig(
+        name="item", embedding_dim=8, num_embeddings=1000, feature_names=["item_id"])])
+    pooled = ebc(kjt)   # any non-negative int64 IDs
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Union
+
+import torch
+from torchrec.modules.embedding_configs import pooling_type_to_str
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.hash.configs import HashEmbeddingBagConfig, HashEmbeddingConfig, is_hash_config
+from torchrec_ascend.hash.slot_table import SlotTable
+from torchrec_ascend.kernels import ops
+
+HashConfig = Union[HashEmbeddingBagConfig, HashEmbeddingConfig]
+
+
+class _HashRowsModule(torch.nn.Module):
+    """Weight ``[num_embeddings, dim]`` plus the slot table choosing its rows (shared by the two lookups)."""
+
+    def __init__(self, config: HashConfig, device: Optional[torch.device]) -> None:
+        super().__init__()
+        self.table = config.name
+        self.spec = config.hash_spec()
+        self.init_range = (config.get_weight_init_min(), config.get_weight_init_max())
+        self.weight = torch.nn.Parameter(torch.empty(config.num_embeddings, config.embedding_dim, device=device))
+        self.slots = SlotTable(config.name, self.spec, config.num_embeddings, self.spec.overflow)
+
+    def rows_for(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of ``ids``, inserting new IDs in training (their rows initialised from (seed, ID, column))."""
+        if ids.numel() and int(ids.min()) < 0:
+            raise ValueError(
+                f"hash table {self.table!r}: IDs must be non-negative int64, got {int(ids.min())}. Map negative IDs "
+                "to non-negative ones (e.g. x & (2**63 - 1)) before the lookup."
+            )
+        assignment = self.slots.assign(ids.long(), training=self.training)
+        with torch.no_grad():
+            if assignment.new_slots.numel():
+                low, high = self.init_range
+                self.weight[assignment.new_slots] = ops.hash_uniform_init(
+                    assignment.new_ids, self.spec.init_seed, self.weight.shape[1], low, high
+                )
+            self.weight[self.slots.default_slot] = self.spec.not_admitted_value
+        return assignment.slots
+
+
+class HashEmbeddingBag(_HashRowsModule):
+    """Pooled lookup of one hash table (the ``nn.EmbeddingBag`` of a hash config).
+
+    Args:
+        config: the table's config.
+        device: where the weight lives.
+    """
+
+    def __init__(self, config: HashEmbeddingBagConfig, device: Optional[torch.device] = None) -> None:
+        super().__init__(config, device)
+        self.mode = pooling_type_to_str(config.pooling)
+
+    def forward(
+        self, input: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        return torch.nn.functional.embedding_bag(
+            self.rows_for(input), self.weight, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
+            include_last_offset=True,
+        )
+
+
+class HashEmbedding(_HashRowsModule):
+    """Sequence lookup of one hash table (the ``nn.Embedding`` of a hash config).
+
+    Args:
+        config: the table's config.
+        device: where the weight lives.
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.embedding(self.rows_for(input), self.weight)
+
+
+def install_hash_modules(collection: torch.nn.Module, configs: List[object], attribute: str) -> None:
+    """Replace the stock lookups of hash configs in a collection (called after the stock ``__init__``)."""
+    lookups = getattr(collection, attribute)
+    device = getattr(collection, "_device", None)
+    for config in configs:
+        if is_hash_config(config):
+            cls = HashEmbeddingBag if attribute == "embedding_bags" else HashEmbedding
+            lookups[config.name] = cls(config, device=device)  # type: ignore[arg-type]
+
+
+def _require_hash(configs: List[object], cls: str) -> None:
+    plain = [getattr(c, "name", "?") for c in configs if not is_hash_config(c)]
+    if plain:
+        raise ConfigError(
+            f"{cls} takes hash table configs only; {plain} are plain. Use HashEmbeddingBagConfig / "
+            "HashEmbeddingConfig, or the stock collection for plain tables."
+        )
+
+
+class HashEmbeddingBagCollection(EmbeddingBagCollection):
+    """RecSDK's name: an EmbeddingBagCollection of :class:`HashEmbeddingBagConfig` tables."""
+
+    def __init__(self, tables: List[HashEmbeddingBagConfig], is_weighted: bool = False,
+                 device: Optional[torch.device] = None) -> None:
+        _require_hash(list(tables), type(self).__name__)
+        super().__init__(tables=tables, is_weighted=is_weighted, device=device)
+
+
+class HashEmbeddingCollection(EmbeddingCollection):
+    """RecSDK's name: an EmbeddingCollection of :class:`HashEmbeddingConfig` tables."""
+
+    def __init__(self, tables: List[HashEmbeddingConfig], device: Optional[torch.device] = None,
+                 need_indices: bool = False) -> None:
+        _require_hash(list(tables), type(self).__name__)
+        super().__init__(tables=tables, device=device, need_indices=need_indices)
+
+
+__all__ = [
+    "HashEmbedding",
+    "HashEmbeddingBag",
+    "HashEmbeddingBagCollection",
+    "HashEmbeddingCollection",
+]

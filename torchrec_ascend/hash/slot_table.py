@@ -1,0 +1,253 @@
+"""SlotTable: the ID side of one shard of a hash (or KEY_VALUE) table.
+
+A kernel owns a fixed pool of rows (fbgemm TBE rows); the slot table decides which row each raw ID of a batch uses:
+it looks IDs up in an :class:`~torchrec_ascend.kernels.id_map.IdMap`, asks the admission policy about IDs it has
+never seen, frees rows through the eviction policy when the pool is full (never rows in use by the batches still in
+flight), and counts all of it. It never touches row contents: the kernel initialises (or loads) the rows it is told
+are new and saves (or drops) the rows it is told were evicted.
+
+The last row of the pool is reserved: rejected IDs, and IDs unknown in eval mode, read it as the table's
+``not_admitted_value`` vector; the kernel rewrites it before each lookup.
+
+Example::
+
+    table = SlotTable("user", HashTableSpec(), rows=1001, overflow="error")
+    a = table.assign(torch.tensor([7, 42, 7]), training=True)
+    a.slots       # tensor([0, 1, 0]); a.new_slots == [0, 1], a.new_ids == [7, 42]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional
+
+import torch
+
+from torchrec_ascend.errors import CapacityError, ConfigError
+from torchrec_ascend.hash.configs import HashTableSpec
+from torchrec_ascend.kernels import ops
+from torchrec_ascend.kernels.id_map import IdMap
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+@dataclasses.dataclass
+class Assignment:
+    """Rows for one batch of a table's IDs.
+
+    Attributes:
+        slots: int64 ``[n]``, the row of every input ID (the reserved default row for rejected/unknown IDs).
+        new_slots: rows that now hold an ID they did not hold before the call; the kernel fills them.
+        new_ids: the IDs of ``new_slots``, aligned.
+        evicted_slots: rows freed by this call (before being handed to new IDs); the kernel saves or drops them.
+        evicted_ids: the IDs those rows held, aligned.
+    """
+
+    slots: torch.Tensor
+    new_slots: torch.Tensor = _EMPTY
+    new_ids: torch.Tensor = _EMPTY
+    evicted_slots: torch.Tensor = _EMPTY
+    evicted_ids: torch.Tensor = _EMPTY
+
+
+class SlotTable(torch.nn.Module):
+    """Maps a shard's raw IDs to rows of a fixed pool, with admission, eviction and counters.
+
+    Args:
+        table: table name (for messages and metrics).
+        spec: the table's hash options.
+        rows: rows in the pool, including the reserved default row (so ``rows - 1`` IDs fit).
+        overflow: ``"error"`` raises :class:`CapacityError` when the pool is full; ``"evict"`` frees rows chosen
+            by the eviction policy (a KEY_VALUE device cache always evicts).
+
+    Raises:
+        ConfigError: fewer than 2 rows, or an unknown overflow rule or policy name.
+    """
+
+    def __init__(self, table: str, spec: HashTableSpec, rows: int, overflow: str) -> None:
+        super().__init__()
+        if rows < 2:
+            raise ConfigError(
+                f"table {table!r}: a shard has {rows} row(s); a hash shard needs at least 2 (one is reserved for "
+                "the not-admitted vector). Raise num_embeddings (or the cache load_factor)."
+            )
+        if overflow not in ("error", "evict"):
+            raise ConfigError(f"table {table!r}: overflow must be 'error' or 'evict', got {overflow!r}")
+        from torchrec_ascend.policies.registry import create_admission_policy, create_eviction_policy
+
+        self.table = table
+        self.spec = spec
+        self.capacity = rows - 1
+        self.default_slot = rows - 1
+        self.overflow = overflow
+        self.window = 1  # batches whose rows are pinned: the current one plus the in-flight ones
+        self.step = 0
+        self.id_map = IdMap(self.capacity)
+        self.register_buffer("slot_ids", torch.full((self.capacity,), -1, dtype=torch.int64))
+        self.register_buffer("last_used", torch.full((self.capacity,), -(2**62), dtype=torch.int64))
+        self.eviction = (
+            create_eviction_policy(spec.eviction_policy, self.capacity, **dict(spec.eviction_options))
+            if overflow == "evict"
+            else None
+        )
+        self.admission = (
+            create_admission_policy(spec.admission_policy, **dict(spec.admission_options))
+            if spec.admission_policy
+            else None
+        )
+        self.counters: Dict[str, int] = dict.fromkeys(
+            ("lookups", "hits", "inserted", "evicted", "rejected", "unknown_in_eval"), 0
+        )
+
+    def __len__(self) -> int:
+        return len(self.id_map)
+
+    def set_window(self, batches: int) -> None:
+        """Pin the rows of the last ``batches`` batches (the pipeline's in-flight ones) against eviction."""
+        self.window = max(1, int(batches))
+
+    def assign(
+        self,
+        ids: torch.Tensor,
+        training: bool,
+        known: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+        signals: Optional[Dict[str, torch.Tensor]] = None,
+    ) -> Assignment:
+        """Rows for a batch of this table's IDs (one call per table per batch).
+
+        Args:
+            ids: int64 ``[n]`` raw IDs, non-negative (the caller has checked, naming the feature).
+            training: insert new IDs (True) or only look up, mapping unknown IDs to the default row (False).
+            known: for a cache, tells which IDs missing from the pool exist in a lower tier (those bypass
+                admission: they already have a row); None means none do.
+            signals: optional per-ID tensors aligned with ``ids`` (e.g. ``"clicks"``) for the policies.
+
+        Raises:
+            CapacityError: the pool is full and the overflow rule is ``"error"``, or the batch (with the pinned
+                in-flight batches) needs more rows than the pool has.
+        """
+        self.counters["lookups"] += ids.numel()
+        unique, inverse, counts = ops.hash_unique(ids)
+        slots_u = self.id_map.lookup(unique)
+        hit = slots_u >= 0
+        self.counters["hits"] += int(counts[hit].sum())
+        if not training:
+            self.counters["unknown_in_eval"] += int((~hit).sum())
+            return Assignment(slots=torch.where(hit, slots_u, self.default_slot)[inverse])
+
+        self.step += 1
+        hit_slots = slots_u[hit]
+        self.last_used[hit_slots] = self.step
+        missing = (~hit).nonzero().squeeze(1)
+        admitted = self._admit(unique[missing], counts[missing], known, _select(signals, inverse, missing))
+        new_pos = missing[admitted]
+        new_ids = unique[new_pos]
+        self.counters["rejected"] += int(missing.numel() - new_pos.numel())
+
+        evicted_slots, evicted_ids = self._make_room(new_ids.numel())
+        new_slots, _ = self.id_map.insert_or_lookup(new_ids)
+        self.slot_ids[new_slots] = new_ids
+        self.last_used[new_slots] = self.step
+        slots_u[new_pos] = new_slots
+        slots_u[slots_u < 0] = self.default_slot
+        self.counters["inserted"] += new_ids.numel()
+        if self.eviction is not None:
+            self.eviction.on_insert(new_slots, new_ids, self.step, counts=counts[new_pos])
+            self.eviction.on_access(hit_slots, unique[hit], counts[hit], self.step)
+        return Assignment(
+            slots=slots_u[inverse],
+            new_slots=new_slots,
+            new_ids=new_ids,
+            evicted_slots=evicted_slots,
+            evicted_ids=evicted_ids,
+        )
+
+    def remove(self, ids: torch.Tensor) -> torch.Tensor:
+        """Drop IDs from the pool (e.g. expired ones); returns their freed rows (-1 where absent)."""
+        freed = self.id_map.remove(ids)
+        gone = freed[freed >= 0]
+        self.slot_ids[gone] = -1
+        if self.eviction is not None and gone.numel():
+            self.eviction.on_remove(gone)
+        return freed
+
+    def stats(self) -> Dict[str, int]:
+        """Counters since creation plus the current size and capacity."""
+        return {**self.counters, "size": len(self), "capacity": self.capacity}
+
+    def get_extra_state(self) -> Dict[str, Any]:
+        state: Dict[str, Any] = {"step": self.step, "counters": dict(self.counters)}
+        if self.eviction is not None:
+            state["eviction"] = self.eviction.state_dict()
+        if self.admission is not None:
+            state["admission"] = self.admission.state_dict()
+        return state
+
+    def set_extra_state(self, state: Dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.counters.update(state["counters"])
+        if self.eviction is not None and "eviction" in state:
+            self.eviction.load_state_dict(state["eviction"])
+        if self.admission is not None and "admission" in state:
+            self.admission.load_state_dict(state["admission"])
+
+    def _admit(
+        self,
+        candidates: torch.Tensor,
+        counts: torch.Tensor,
+        known: Optional[Callable[[torch.Tensor], torch.Tensor]],
+        signals: Optional[Dict[str, torch.Tensor]],
+    ) -> torch.Tensor:
+        if self.admission is None:
+            return torch.ones(candidates.shape, dtype=torch.bool)
+        admitted = known(candidates) if known is not None else torch.zeros(candidates.shape, dtype=torch.bool)
+        fresh = ~admitted
+        if fresh.any():
+            fresh_signals = {k: v[fresh] for k, v in signals.items()} if signals else None
+            admitted[fresh] = self.admission.admit(candidates[fresh], counts[fresh], self.step, fresh_signals)
+        return admitted
+
+    def _make_room(self, needed: int) -> tuple:
+        free = self.capacity - len(self.id_map)
+        if needed <= free:
+            return _EMPTY, _EMPTY
+        if self.overflow == "error":
+            raise CapacityError(
+                f"hash table {self.table!r} is full: a shard holds {self.capacity} IDs and this batch brings "
+                f"{needed} new ones ({free} rows free). Raise num_embeddings, or set overflow='evict' to let the "
+                f"eviction policy ({self.spec.eviction_policy!r}) free rows."
+            )
+        assert self.eviction is not None
+        evictable = self.last_used <= self.step - self.window
+        evictable &= self.slot_ids >= 0
+        shortfall = needed - free
+        if int(evictable.sum()) < shortfall:
+            raise CapacityError(
+                f"table {self.table!r}: this batch needs {needed} more rows but only {free} are free and "
+                f"{int(evictable.sum())} can be evicted ({self.capacity} rows per shard, rows of the last "
+                f"{self.window} batch(es) pinned). Raise num_embeddings or the cache load_factor, or lower the batch "
+                "size or pipeline depth."
+            )
+        victims = self.eviction.select_victims(shortfall, evictable, self.step)
+        victim_ids = self.slot_ids[victims]
+        self.id_map.remove(victim_ids)
+        self.eviction.on_remove(victims)
+        if self.admission is not None:
+            self.admission.forget(victim_ids)
+        self.slot_ids[victims] = -1
+        self.counters["evicted"] += shortfall
+        return victims, victim_ids
+
+
+def _select(
+    signals: Optional[Dict[str, torch.Tensor]], inverse: torch.Tensor, positions: torch.Tensor
+) -> Optional[Dict[str, torch.Tensor]]:
+    """Per-unique-ID signals (summed over duplicates) at ``positions`` of the unique IDs."""
+    if not signals:
+        return None
+    out = {}
+    for name, values in signals.items():
+        per_unique = torch.zeros(int(inverse.max()) + 1 if inverse.numel() else 0, dtype=values.dtype)
+        per_unique.index_add_(0, inverse, values)
+        out[name] = per_unique[positions]
+    return out

@@ -1,0 +1,92 @@
+"""Row-wise sharding of hash tables: an ID lives on rank ``hash(ID) % world_size``, not on a range of rows.
+
+Stock row-wise sharding sends ID ``x`` to the rank owning the row block ``x // block_size``; a hash table's IDs are
+raw 64-bit values with no row meaning, so the input dist here buckets them with :func:`hash_bucketize` (the layout
+of ``block_bucketize_sparse_features``, original IDs kept) and each rank's kernel maps them to its own rows. The
+lookup and the output dist (reduce-scatter for pooled tables, all-to-all plus un-permute for sequences) are stock.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding, RwSparseFeaturesDist
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.kernels import ops
+
+
+class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
+    """Buckets a KeyedJaggedTensor's raw IDs by ``hash(ID) % world_size`` and sends each bucket to its rank.
+
+    Args:
+        pg: the process group of the all-to-all.
+        num_features: number of features of the hash tables in this sharding.
+        is_sequence: sequence (EmbeddingCollection) features keep the un-bucketize permutation.
+        device: device of the internal buffers.
+    """
+
+    def __init__(self, pg: Any, num_features: int, is_sequence: bool, device: Optional[torch.device] = None) -> None:
+        super().__init__(
+            pg=pg, num_features=num_features, feature_hash_sizes=[pg.size()] * num_features, device=device,
+            is_sequence=is_sequence,
+        )
+
+    def forward(self, sparse_features: KeyedJaggedTensor) -> Any:
+        values = sparse_features.values()
+        if values.numel() and int(values.min()) < 0:
+            first = int((values < 0).nonzero()[0])
+            ends = torch.tensor(sparse_features.offset_per_key()[1:])
+            feature = sparse_features.keys()[int((ends <= first).sum())]
+            raise ValueError(
+                f"hash feature {feature!r}: IDs must be non-negative int64, got {int(values[first])}. Map negative IDs "
+                "to non-negative ones (e.g. x & (2**63 - 1)) before the lookup."
+            )
+        world = self._world_size
+        lengths, bucketed, weights, permute = ops.hash_bucketize(
+            sparse_features.lengths(), values, sparse_features.weights_or_none(), world
+        )
+        variable = sparse_features.variable_stride_per_key()
+        bucketized = KeyedJaggedTensor(
+            keys=list(sparse_features.keys()) * world,
+            values=bucketed,
+            weights=weights,
+            lengths=lengths.view(-1),
+            stride=None if variable else sparse_features.stride(),
+            stride_per_key_per_rank=sparse_features.stride_per_key_per_rank() * world if variable else None,
+        )
+        self.unbucketize_permute_tensor = permute if self._is_sequence else None
+        return self._dist(bucketized)
+
+
+def _check_supported(sharding: Any, kind: str) -> None:
+    if getattr(sharding, "_has_feature_processor", False):
+        raise ConfigError(
+            f"row-wise hash tables [{', '.join(sharding.embedding_names())}] with a feature processor are not "
+            f"supported ({kind}); shard them table_wise or column_wise."
+        )
+
+
+class HashRwPooledEmbeddingSharding(RwPooledEmbeddingSharding):
+    """Row-wise sharding of EmbeddingBagCollection hash tables (hash placement; stock lookup and reduce-scatter)."""
+
+    def create_input_dist(self, device: Optional[torch.device] = None) -> HashRwSparseFeaturesDist:
+        _check_supported(self, "EmbeddingBagCollection")
+        return HashRwSparseFeaturesDist(
+            pg=self._pg, num_features=self._get_num_features(),
+            is_sequence=False, device=device if device is not None else self._device,
+        )
+
+
+class HashRwSequenceEmbeddingSharding(RwSequenceEmbeddingSharding):
+    """Row-wise sharding of EmbeddingCollection hash tables (hash placement; stock lookup and all-to-all)."""
+
+    def create_input_dist(self, device: Optional[torch.device] = None) -> HashRwSparseFeaturesDist:
+        _check_supported(self, "EmbeddingCollection")
+        return HashRwSparseFeaturesDist(
+            pg=self._pg, num_features=self._get_num_features(),
+            is_sequence=True, device=device if device is not None else self._device,
+        )
