@@ -1,8 +1,9 @@
 """Loads torchrec-ascend plugins from the ``torchrec_ascend`` entry-point group, built-ins included.
 
-pluggy does the registration; this module adds what pluggy leaves to its host: entry-point load failures and hook
-exceptions are wrapped in a :class:`PluginError` naming the plugin and its distribution, plugins can be blocked by
-name (``TORCHREC_ASCEND_BLOCK_PLUGINS=a,b``), and every plugin can be traced to the distribution that supplied it.
+pluggy does the registration; this module adds what pluggy leaves to its host: entry-point load failures, hook
+exceptions and misspelled hooks are wrapped in a :class:`PluginError` naming the plugin and its distribution,
+plugins can be blocked by name (``TORCHREC_ASCEND_BLOCK_PLUGINS=a,b``), and every plugin can be traced to the
+distribution that supplied it.
 
 Example::
 
@@ -32,7 +33,14 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class PluginInfo:
-    """Where a registered plugin came from."""
+    """Where a registered plugin came from.
+
+    Attributes:
+        name: the plugin's name (its entry-point name, or the name given to :meth:`PluginManager.register`).
+        distribution: the distribution that declared the entry point (``"(registered in-process)"`` otherwise).
+        version: that distribution's version.
+        module: the entry point's ``module[:attr]`` value, or the plugin's module name.
+    """
 
     name: str
     distribution: str
@@ -41,17 +49,38 @@ class PluginInfo:
 
 
 class PluginManager:
-    """The torchrec-ascend plugin manager: pluggy plus provenance, blocking and error wrapping."""
+    """The torchrec-ascend plugin manager: pluggy plus provenance, blocking and error wrapping.
+
+    Args:
+        blocked: plugin names never to register (their entry points are not even imported).
+
+    Example::
+
+        manager = PluginManager(blocked=["s3fifo"])
+        manager.load_entry_points()
+        [info.name for info in manager.plugins()]   # ['builtin_backends', 'builtin_policies']
+    """
 
     def __init__(self, blocked: Optional[List[str]] = None) -> None:
         self._pm = pluggy.PluginManager(hookspecs.PROJECT)
         self._pm.add_hookspecs(hookspecs)
         self._info: Dict[str, PluginInfo] = {}
+        self._revision = 0
         for name in blocked or []:
             self._pm.set_blocked(name)
 
+    @property
+    def revision(self) -> int:
+        """Grows by one on every registration change: callers caching what the plugins provide compare it."""
+        return self._revision
+
     def load_entry_points(self) -> None:
-        """Register every plugin of the entry-point group (built-ins and third parties alike)."""
+        """Register every plugin of the entry-point group (built-ins and third parties alike).
+
+        Raises:
+            PluginError: an entry point fails to import, or a plugin implements a hook that does not exist (a
+                misspelling); the message names the plugin, its distribution and how to block it.
+        """
         for dist in importlib.metadata.distributions():
             for ep in dist.entry_points:
                 if ep.group != ENTRY_POINT_GROUP or self._pm.has_plugin(ep.name) or self._pm.is_blocked(ep.name):
@@ -66,33 +95,53 @@ class PluginManager:
                         f"distribution, or block the plugin with {BLOCK_ENV}={ep.name}."
                     ) from err
                 self.register(plugin, ep.name, PluginInfo(ep.name, dist_name, dist.version, ep.value))
-        self._pm.check_pending()
+        try:
+            self._pm.check_pending()
+        except pluggy.PluginValidationError as err:
+            name = self._pm.get_name(err.plugin) or repr(err.plugin)
+            info = self._info.get(name)
+            origin = f"{info.distribution} {info.version}" if info else "unknown distribution"
+            raise PluginError(
+                f"torchrec-ascend plugin {name!r} ({origin}) implements a hook that does not exist: {err}. Hook "
+                f"names must match torchrec_ascend.hookspecs; fix the name, or block the plugin with "
+                f"{BLOCK_ENV}={name}."
+            ) from err
 
     def register(self, plugin: Any, name: str, info: Optional[PluginInfo] = None) -> None:
-        """Register ``plugin`` under ``name`` (tests and programs may add plugins without an entry point)."""
+        """Register ``plugin`` under ``name`` (tests and programs may add plugins without an entry point).
+
+        Raises:
+            ValueError: (from pluggy) ``name`` or ``plugin`` is already registered.
+        """
         self._pm.register(plugin, name=name)
         module = getattr(plugin, "__name__", type(plugin).__name__)
         self._info[name] = info or PluginInfo(name, "(registered in-process)", "", module)
+        self._revision += 1
 
     def unregister(self, name: str) -> None:
+        """Remove the plugin registered as ``name``."""
         self._pm.unregister(name=name)
         self._info.pop(name, None)
+        self._revision += 1
 
     def plugins(self) -> List[PluginInfo]:
         """Every registered plugin with the distribution it came from, in registration order."""
         return [self._info[name] for name, _ in self._pm.list_name_plugin() if name in self._info]
 
     def info(self, name: str) -> PluginInfo:
+        """Provenance of the plugin registered as ``name`` (KeyError if there is none)."""
         return self._info[name]
 
     def collect(self, hook_name: str) -> List[tuple]:
-        """Call a list-returning hook on every plugin; return ``(item, PluginInfo)`` pairs.
+        """Call a list-returning hook on every plugin; return ``(item, PluginInfo)`` pairs in registration order.
 
-        A plugin that raises is reported by name, hook and distribution (pluggy would re-raise it bare).
+        Raises:
+            PluginError: a plugin raised; the message names it, the hook and the distribution (pluggy would
+                re-raise the exception bare).
         """
         caller = getattr(self._pm.hook, hook_name)
         out: List[tuple] = []
-        for impl in reversed(caller.get_hookimpls()):  # registration order
+        for impl in caller.get_hookimpls():  # registration order (pluggy calls them in reverse)
             name = self._pm.get_name(impl.plugin) or repr(impl.plugin)
             info = self._info.get(name, PluginInfo(name, "?", "?", "?"))
             try:
@@ -108,7 +157,7 @@ class PluginManager:
 
 @functools.lru_cache(maxsize=None)
 def get_plugin_manager() -> PluginManager:
-    """The process-wide plugin manager, loaded from entry points on first use."""
+    """The process-wide plugin manager, loaded from entry points on first use (honours ``BLOCK_ENV``)."""
     blocked = [n.strip() for n in os.environ.get(BLOCK_ENV, "").split(",") if n.strip()]
     pm = PluginManager(blocked)
     pm.load_entry_points()
@@ -116,12 +165,18 @@ def get_plugin_manager() -> PluginManager:
 
 
 def reset_plugin_manager() -> None:
-    """Forget the cached manager (tests that install or block plugins call this)."""
+    """Forget the cached manager (tests that install or block plugins call this); caches keyed on it expire."""
     get_plugin_manager.cache_clear()
 
 
 def wrap_plugin_call(plugin: str, hook: str, info: Optional[PluginInfo], fn: Callable[..., T]) -> Callable[..., T]:
-    """Return ``fn`` wrapped so any exception names ``plugin``, ``hook`` and the plugin's distribution."""
+    """Return ``fn`` wrapped so any exception names ``plugin``, ``hook`` and the plugin's distribution.
+
+    Example::
+
+        safe = wrap_plugin_call("lfu", "torchrec_ascend_policies", info, factory)
+        safe()   # a failure raises PluginError("'lfu' (dist 1.0) raised in torchrec_ascend_policies: ...")
+    """
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> T:

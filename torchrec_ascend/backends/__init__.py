@@ -5,6 +5,9 @@ Selection: ``TORCHREC_ASCEND_DEVICE`` names a backend (``cpu``, ``cuda``, ``npu`
 (``torch_npu``, ``fbgemm_ascend``); if that fails the error says why, and we fall back to CPU only when
 ``TORCHREC_ASCEND_ALLOW_FALLBACK=1`` asks for it.
 
+The profiles are collected from the plugins once per plugin-manager state and cached: the planner hooks ask for
+them on every sharder query.
+
 Example::
 
     from torchrec_ascend import backends
@@ -19,9 +22,15 @@ import difflib
 import importlib
 import os
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from torchrec_ascend.backends.profile import DeviceProfile, PlannerSpec, StreamSpec, TbeSpec
+from torchrec_ascend.backends.profile import (
+    TORCHREC_REFERENCE_DEVICE,
+    DeviceProfile,
+    PlannerSpec,
+    StreamSpec,
+    TbeSpec,
+)
 from torchrec_ascend.errors import BackendError
 
 __all__ = [
@@ -29,11 +38,14 @@ __all__ = [
     "PlannerSpec",
     "StreamSpec",
     "TbeSpec",
+    "TORCHREC_REFERENCE_DEVICE",
     "SelectionStatus",
     "activate",
     "active",
+    "available_names",
     "profiles",
     "profile_for",
+    "reset_for_tests",
     "selection_status",
 ]
 
@@ -43,7 +55,13 @@ FALLBACK_ENV = "TORCHREC_ASCEND_ALLOW_FALLBACK"
 
 @dataclasses.dataclass
 class SelectionStatus:
-    """How the active backend was chosen (shown by ``doctor``)."""
+    """How the active backend was chosen (shown by ``doctor``).
+
+    Attributes:
+        requested: the value of ``TORCHREC_ASCEND_DEVICE`` (``"auto"`` when unset).
+        selected: the name of the active backend; empty until one is activated.
+        detail: why the selection differs from the request, or why activation failed.
+    """
 
     requested: str = "auto"
     selected: str = ""
@@ -52,30 +70,62 @@ class SelectionStatus:
 
 _STATUS = SelectionStatus()
 _active: Optional[DeviceProfile] = None
+# (plugin manager, its revision) -> profiles by name, and by device type
+_cache: Optional[Tuple[object, int, Dict[str, DeviceProfile], Dict[str, DeviceProfile]]] = None
 
 
-def profiles() -> Dict[str, DeviceProfile]:
-    """Every registered backend profile by name (built-ins and plugins)."""
+def _collect() -> Tuple[Dict[str, DeviceProfile], Dict[str, DeviceProfile]]:
+    global _cache
     from torchrec_ascend.plugin_manager import get_plugin_manager
 
+    manager = get_plugin_manager()
+    if _cache is not None and _cache[0] is manager and _cache[1] == manager.revision:
+        return _cache[2], _cache[3]
     found: Dict[str, DeviceProfile] = {}
     origin: Dict[str, str] = {}
-    for profile, info in get_plugin_manager().collect("torchrec_ascend_device_backends"):
+    for profile, info in manager.collect("torchrec_ascend_device_backends"):
         if profile.name in found:
             raise BackendError(
                 f"device backend {profile.name!r} is provided twice: by plugin {origin[profile.name]!r} and by "
                 f"{info.name!r} ({info.distribution}); uninstall or block one of them"
             )
         found[profile.name], origin[profile.name] = profile, info.name
-    return found
+    by_device: Dict[str, DeviceProfile] = {}
+    for profile in found.values():
+        by_device.setdefault(profile.device_type, profile)
+    _cache = (manager, manager.revision, found, by_device)
+    return found, by_device
+
+
+def profiles() -> Dict[str, DeviceProfile]:
+    """Every registered backend profile by name (built-ins and plugins), in registration order.
+
+    Returns:
+        Dict[str, DeviceProfile]: a fresh dict; the profiles themselves are frozen.
+
+    Raises:
+        BackendError: two plugins provide a backend of the same name.
+        PluginError: a plugin failed to load or raised in ``torchrec_ascend_device_backends``.
+
+    Example::
+
+        sorted(profiles())   # ['cpu', 'cuda', 'npu']
+    """
+    return dict(_collect()[0])
 
 
 def profile_for(device_type: str) -> Optional[DeviceProfile]:
-    """The profile for a ``torch.device`` type (``"cpu"``, ``"npu"``...), or None if no backend declares it."""
-    for profile in profiles().values():
-        if profile.device_type == device_type:
-            return profile
-    return None
+    """The profile for a ``torch.device`` type, or None if no backend declares it.
+
+    Args:
+        device_type: ``"cpu"``, ``"cuda"``, ``"npu"``... (the first registered profile of that type wins).
+
+    Example::
+
+        profile_for("npu").collective_backend   # 'hccl'
+        profile_for("mtia")                     # None
+    """
+    return _collect()[1].get(device_type)
 
 
 def _resolve(name: str, known: Dict[str, DeviceProfile]) -> DeviceProfile:
@@ -94,11 +144,27 @@ def _select(requested: str, known: Dict[str, DeviceProfile]) -> DeviceProfile:
     for profile in sorted(known.values(), key=lambda p: -p.priority):
         if profile.detect():
             return profile
-    return known["cpu"]
+    raise BackendError(
+        f"no device backend reports its device as present (checked: {', '.join(sorted(known))}); set "
+        f"{DEVICE_ENV} to one of them, or unblock the built-in backends (TORCHREC_ASCEND_BLOCK_PLUGINS)"
+    )
 
 
 def activate() -> DeviceProfile:
-    """Choose the backend and import its modules (once). Raises :class:`BackendError` on a broken stack."""
+    """Choose the backend and import its modules (once per process; later calls return the same profile).
+
+    Returns:
+        DeviceProfile: the active backend.
+
+    Raises:
+        BackendError: ``TORCHREC_ASCEND_DEVICE`` names no backend (the message lists the valid names), or the
+            selected backend's modules fail to import and ``TORCHREC_ASCEND_ALLOW_FALLBACK=1`` is not set (the
+            message carries the underlying error).
+
+    Example::
+
+        profile = activate()   # imports torch_npu and fbgemm_ascend when the npu backend is selected
+    """
     global _active
     if _active is not None:
         return _active
@@ -118,9 +184,9 @@ def activate() -> DeviceProfile:
         if os.environ.get(FALLBACK_ENV) != "1":
             _STATUS.detail = message
             raise BackendError(message + f" ({FALLBACK_ENV}=1 falls back to CPU with a warning.)") from err
-        warnings.warn(message + " Falling back to CPU as requested.", RuntimeWarning, stacklevel=2)
+        warnings.warn(message + f" Falling back to CPU as {FALLBACK_ENV}=1 asks.", RuntimeWarning, stacklevel=2)
         _STATUS.detail = f"fell back to cpu: {message}"
-        profile = known["cpu"]
+        profile = _resolve("cpu", known)
     from torchrec_ascend.hooks import sparse_ops
 
     sparse_ops.register_host_fallbacks(profile)
@@ -130,20 +196,31 @@ def activate() -> DeviceProfile:
 
 
 def active() -> DeviceProfile:
-    """The active backend profile (activating it on first use)."""
+    """The active backend profile (activating it on first use; see :func:`activate` for the errors).
+
+    Example::
+
+        active().device_type   # 'cpu' on this machine
+    """
     return _active if _active is not None else activate()
 
 
 def selection_status() -> SelectionStatus:
+    """How the active backend was chosen (the object ``doctor`` prints)."""
     return _STATUS
 
 
 def reset_for_tests() -> None:
-    """Forget the active backend so a test can select again."""
-    global _active
+    """Forget the active backend and the cached profiles so a test can select again.
+
+    Host round trips already registered for a device stay registered (torch.library keeps them per process).
+    """
+    global _active, _cache
     _active = None
+    _cache = None
     _STATUS.requested, _STATUS.selected, _STATUS.detail = "auto", "", ""
 
 
 def available_names() -> List[str]:
+    """The names ``TORCHREC_ASCEND_DEVICE`` accepts besides ``auto``, sorted."""
     return sorted(profiles())

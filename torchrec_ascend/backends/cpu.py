@@ -33,4 +33,5 @@ CPU = DeviceProfile(
     planner=PlannerSpec(kernel_bandwidths={"key_value": _DDR_BYTES_PER_MS / 2}),
     # fbgemm's CPU dense TBE ignores PoolingMode.NONE, so EmbeddingCollection + data_parallel needs our kernel.
     kernel_overrides={"sequence/dense": "torchrec_ascend.kernels.dense:SequenceDenseEmbedding"},
+    process_group_classes=("torch._C._distributed_c10d:ProcessGroupGloo",),
 )

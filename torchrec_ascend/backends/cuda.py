@@ -47,5 +47,6 @@ CUDA = DeviceProfile(
         priorities={"memcpy": 0, "data_dist": -1, "prefetch": 0, "emb_lookup": 0},
         managed_by_torchrec=True,
     ),
+    process_group_classes=("torch._C._distributed_c10d:ProcessGroupNCCL",),
     installed_with="fbgemm-gpu (CUDA build)",
 )

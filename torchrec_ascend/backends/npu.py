@@ -27,7 +27,8 @@ NPU = DeviceProfile(
     priority=20,
     detect=_torch_npu_installed,
     requires_modules=("torch_npu",),
-    op_modules=("fbgemm_ascend",),
+    # fbgemm_gpu defines the fbgemm:: op schemas; fbgemm_ascend adds Ascend kernels for them.
+    op_modules=("fbgemm_gpu", "fbgemm_ascend"),
     # fbgemm ops TorchRec's training path dispatches that fbgemm-ascend may lack on some SoCs (A2/A3).
     host_fallback_ops=(
         "block_bucketize_sparse_features",
@@ -62,5 +63,6 @@ NPU = DeviceProfile(
         hbm_cap_bytes=_NPU_HBM_BYTES,
         kernel_bandwidths={"fused": _NPU_HBM_BYTES_PER_MS, "key_value": _NPU_HBM_BYTES_PER_MS / 4},
     ),
+    process_group_classes=("torch_npu._C._distributed_c10d:ProcessGroupHCCL",),
     installed_with="torchrec-ascend[npu] (torch_npu 2.13.x, fbgemm-ascend) and a CANN toolkit",
 )

@@ -14,6 +14,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Mapping, Optional, Tuple
 
+#: The device type TorchRec's allow-lists grant every sharding type and compute kernel to. A device gets the
+#: entries of these lists that its profile declares (see :mod:`torchrec_ascend.hooks.sharding_allowlist`).
+TORCHREC_REFERENCE_DEVICE = "cuda"
+
 
 @dataclasses.dataclass(frozen=True)
 class StreamSpec:
@@ -83,7 +87,15 @@ class DeviceProfile:
         planner: planner constants.
         kernel_overrides: ``"<pooled|sequence>/<compute kernel>"`` -> ``"module:Class"`` of a kernel replacing
             the stock one on this device (H2).
+        process_group_classes: ``"module:qualname"`` of the device's c10d backend classes, shared rather than
+            deep-copied by ``DistributedModelParallel.copy()`` (H5). Resolved only once their module is imported.
         installed_with: pip requirement that provides the device stack, shown in error messages.
+
+    Example::
+
+        DeviceProfile(name="cpu", device_type="cpu", description="CPU", collective_backend="gloo", priority=0,
+                      detect=lambda: True, sharding_types=("table_wise",), compute_kernels=("fused",),
+                      fused_optimizers=("EXACT_SGD",), tbe=TbeSpec(location="HOST", compute_device="CPU"))
     """
 
     name: str
@@ -102,4 +114,5 @@ class DeviceProfile:
     op_modules: Tuple[str, ...] = ()
     host_fallback_ops: Tuple[str, ...] = ()
     kernel_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    process_group_classes: Tuple[str, ...] = ()
     installed_with: str = ""

@@ -1,102 +1,177 @@
 """``torchrec-ascend doctor``: versions, the selected device backend, every patch and its state, plugins, errors.
 
+The report fits 100 columns (tracebacks aside). The exit status is 1 when torchrec-ascend is not working as
+installed: autoloading failed, ``import torchrec`` failed, a plugin failed to load, or a patch failed or was skipped;
+0 otherwise (also when it was switched off on purpose).
+
 Example::
 
     $ torchrec-ascend doctor
+    $ echo $?   # 0: everything applied
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
+import textwrap
 from typing import List
 
 from torchrec_ascend.injection import autoload
-from torchrec_ascend.injection.registry import installed_version
+from torchrec_ascend.injection.registry import PatchState, installed_distribution, installed_version, version_problem
 
+WIDTH = 100
 _DISTRIBUTIONS = ("torchrec-ascend", "torch", "torchrec", "fbgemm-gpu-cpu", "fbgemm-gpu", "torch-npu", "fbgemm-ascend")
+_INDENT = " " * 11  # under a patch's name, past its state column
 
 
-def report() -> str:
-    """The doctor report as text (importing torchrec, which applies the patches if autoloading is on)."""
-    lines: List[str] = ["torchrec-ascend doctor", "", "Versions:"]
-    lines.append(f"  python            {platform.python_version()}")
+@dataclasses.dataclass
+class Diagnosis:
+    """The doctor's findings.
+
+    Attributes:
+        text: the report, one line per entry, at most :data:`WIDTH` columns (tracebacks aside).
+        problems: one line per problem that makes ``doctor`` exit with status 1 (empty: healthy).
+    """
+
+    text: str
+    problems: List[str]
+
+
+def _wrap(text: str, indent: str) -> List[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent, break_on_hyphens=False)
+
+
+def diagnose() -> Diagnosis:
+    """Examine this process: import torchrec (which applies the patches if autoloading is on), then report.
+
+    Patches whose target module torchrec has not imported yet are applied now (their modules are imported), so
+    every patch shows whether it applies.
+
+    Example::
+
+        diagnosis = diagnose()
+        print(diagnosis.text)
+        assert not diagnosis.problems
+    """
+    problems: List[str] = []
+    lines: List[str] = ["torchrec-ascend doctor", "", "Versions:", f"  {'python':<17} {platform.python_version()}"]
     for dist in _DISTRIBUTIONS:
         version = installed_version(dist)
         if version is not None or dist in ("torch", "torchrec"):
             lines.append(f"  {dist:<17} {version or 'not installed'}")
 
-    errors: List[str] = []
     try:
         import torchrec  # noqa: F401  (triggers the import hook: registry, backend, patches)
+
+        registry = autoload.registry()
+        if registry is not None:
+            registry.apply()  # import the targets torchrec itself has not imported yet
     except Exception as err:  # a broken accelerator stack raises here: show it, do not crash
-        errors.append(f"import torchrec failed: {type(err).__name__}: {err}")
+        problems.append(f"import torchrec failed: {type(err).__name__}: {err}")
 
     status = autoload.STATUS
     lines += ["", f"Autoload: {status.state}" + (f" ({status.detail})" if status.detail else "")]
-    lines += _backend_lines(errors)
-    lines += _patch_lines()
-    lines += _plugin_lines(errors)
-    errors += status.errors
+    if status.state == "error":
+        problems.append(f"autoload: {status.detail}")
+    lines += _backend_lines(problems)
+    lines += _patch_lines(problems)
+    lines += _plugin_lines(problems)
+    errors = problems + status.errors
     lines += ["", "Errors:" if errors else "Errors: none"]
-    lines += [f"  {line}" for err in errors for line in err.rstrip().splitlines()]
-    return "\n".join(lines)
+    for error in errors:
+        for line in error.rstrip().splitlines():
+            lines += _wrap(line, "  ") if not line.startswith(" ") else [f"  {line}"]
+    return Diagnosis("\n".join(lines), problems)
 
 
-def _backend_lines(errors: List[str]) -> List[str]:
+def report() -> str:
+    """The doctor report as text (see :func:`diagnose`)."""
+    return diagnose().text
+
+
+def _backend_lines(problems: List[str]) -> List[str]:
     from torchrec_ascend import backends
     from torchrec_ascend.hooks import sparse_ops
 
     selection = backends.selection_status()
     lines = ["", f"Device backend: {selection.selected or '(not activated)'} (requested: {selection.requested})"]
     if selection.detail:
-        lines.append(f"  {selection.detail}")
+        lines += _wrap(selection.detail, "  ")
     try:
         for name, profile in sorted(backends.profiles().items()):
             present = "present" if profile.detect() else "absent"
-            lines.append(f"  {name:<6} {present:<8} {profile.collective_backend:<6} {profile.description}")
+            lines += _wrap(f"{name:<6} {present:<8} {profile.collective_backend:<6} {profile.description}", "  ")
     except Exception as err:
-        errors.append(f"listing backends failed: {type(err).__name__}: {err}")
+        problems.append(f"listing backends failed: {type(err).__name__}: {err}")
     if sparse_ops.REGISTERED:
-        lines.append(f"  ops served by a host round trip: {', '.join(sparse_ops.REGISTERED)}")
+        lines.append("  ops served by a host round trip:")
+        lines += _wrap(", ".join(sparse_ops.REGISTERED), "    ")
     return lines
 
 
-def _patch_lines() -> List[str]:
+def _requirement_lines(requirements: dict) -> List[str]:
+    lines = ["", "Patch requirements:"]
+    for dist, spec in requirements.items():
+        found = installed_distribution(dist)
+        have = f"{found[0]} {found[1]}" if found else "not installed"
+        verdict = "ok" if version_problem({dist: spec}, {dist: found[1] if found else None}) is None else "UNSUPPORTED"
+        lines += _wrap(f"{dist:<26} {spec:<14} {have:<26} {verdict}", "  ")
+    return lines
+
+
+def _patch_lines(problems: List[str]) -> List[str]:
     registry = autoload.registry()
     if registry is None:
         return ["", "Patches: none (torchrec-ascend is not active in this process)"]
-    lines = ["", "Patches:"]
-    for status in registry.report():
+    statuses = registry.report()
+    lines = _requirement_lines(registry.requirements())
+    counts = {state: sum(s.state is state for s in statuses) for state in PatchState}
+    summary = ", ".join(f"{n} {state.value}" for state, n in counts.items() if n)
+    lines += ["", f"Patches ({summary}):"]
+    for status in statuses:
         patch = status.patch
-        requires = ", ".join(f"{d}{s}" for d, s in patch.requires.items())
-        lines.append(f"  {status.state.value:<8} {patch.name:<34} {patch.target}")
-        lines.append(f"  {'':<8} {'':<34} supports {requires}; {patch.reason}")
+        lines += _wrap(f"{status.state.value:<8} {patch.name}  [requires {', '.join(patch.requires)}]", "  ")
+        lines += _target_lines(patch.target)
+        lines += _wrap(patch.reason, _INDENT)
         if status.detail:
-            lines.append(f"  {'':<8} {'':<34} -> {status.detail}")
+            lines += _wrap(f"-> {status.detail}", _INDENT)
+        if status.state is PatchState.FAILED:
+            problems.append(f"patch {patch.name} failed: {status.detail}")
+    if counts[PatchState.SKIPPED]:
+        reasons = sorted({s.detail for s in statuses if s.state is PatchState.SKIPPED})
+        problems.append(f"{counts[PatchState.SKIPPED]} patches skipped: {'; '.join(reasons)}")
     return lines
 
 
-def _plugin_lines(errors: List[str]) -> List[str]:
+def _target_lines(target: str) -> List[str]:
+    if len(_INDENT) + len(target) <= WIDTH:
+        return [_INDENT + target]
+    module, _, qualname = target.partition(":")
+    return [f"{_INDENT}{module}:", f"{_INDENT}  {qualname}"]
+
+
+def _plugin_lines(problems: List[str]) -> List[str]:
     from torchrec_ascend.plugin_manager import get_plugin_manager
 
     lines = ["", "Plugins (entry-point group torchrec_ascend):"]
     try:
         for info in get_plugin_manager().plugins():
-            lines.append(f"  {info.name:<22} {info.distribution} {info.version}  ({info.module})")
+            lines += _wrap(f"{info.name:<22} {info.distribution} {info.version}  ({info.module})", "  ")
     except Exception as err:
-        errors.append(f"loading plugins failed: {type(err).__name__}: {err}")
+        problems.append(f"loading plugins failed: {type(err).__name__}: {err}")
     return lines
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the ``doctor`` subcommand."""
     parser = subparsers.add_parser("doctor", help="show versions, backend, patches, plugins and errors")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    text = report()
-    print(text)
-    registry = autoload.registry()
-    failed = registry is not None and any(s.state.value == "failed" for s in registry.report())
-    return 1 if failed or autoload.STATUS.state == "error" else 0
+    """Print the report; return 1 if it found a problem, else 0."""
+    diagnosis = diagnose()
+    print(diagnosis.text)
+    return 1 if diagnosis.problems else 0

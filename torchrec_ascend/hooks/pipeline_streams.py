@@ -1,8 +1,24 @@
 """H4: streams for the stock train pipelines on devices TorchRec does not know, and ``record_stream`` after comms.
 
-TorchRec's pipelines create their memcpy / data-dist / prefetch streams only for cuda and mtia; on any other device
-they silently run without overlap. After each pipeline's ``__init__`` we fill the stream attributes it left empty
-from the device profile's stream factory (roles and priorities declared there). CPU has no streams: nothing changes.
+TorchRec's pipelines create their memcpy / data-dist / prefetch / lookup streams only for cuda and mtia; on any
+other device they silently run without overlap (``_stream_context`` falls back to ``torch.cuda.stream``). After
+each pipeline's ``__init__`` we fill the stream attributes it left empty from the device profile's stream factory
+(roles and priorities declared there) and use the device module's ``stream`` context. CPU has no streams and cuda's
+are TorchRec's own: nothing changes for them.
+
+Covered, by patching ``__init__`` of:
+
+* ``TrainPipelineBase``, ``TrainPipelineSparseDist`` and through it its subclasses that add no stream
+  (``TrainPipelineSemiSync``, ``EvalPipelineSparseDist``, ``TrainPipelineSparseDistLite``, which drops its
+  data-dist stream on purpose after ours is set, and ``TrainPipelineSparseDistCompAutograd``);
+* ``TrainPipelineFusedSparseDist`` (``emb_lookup_stream="new"``) and ``PrefetchTrainPipelineSparseDist``, which
+  add streams after their parent's ``__init__``;
+* ``StagedTrainPipeline`` (its ``_stream_context``; the stage streams are the caller's) and
+  ``SparseDataDistUtil``, the stage helper that creates a default stream.
+
+Not covered: ``DataLoadingThread`` sets the thread's current device only for cuda/mtia (one device per process is
+assumed on other devices); ``PipelinedPostproc`` records streams only for cuda/mtia tensors; the experimental
+pipelines and the 2D (``DMPCollection``) kernels create ``torch.cuda`` streams unconditionally.
 """
 
 from __future__ import annotations
@@ -16,6 +32,7 @@ from torchrec_ascend.hooks.versions import TORCHREC_1_8
 from torchrec_ascend.injection.patch import Patch
 
 _PIPELINES = "torchrec.distributed.train_pipeline.train_pipelines"
+_STAGES = "torchrec.distributed.train_pipeline.pipeline_stage"
 _STREAM_ROLES = {
     "_memcpy_stream": "memcpy",
     "_data_dist_stream": "data_dist",
@@ -25,7 +42,13 @@ _STREAM_ROLES = {
 
 
 def streamed_profile(device: Any) -> Optional[DeviceProfile]:
-    """The profile of ``device`` if it has streams that TorchRec does not manage itself."""
+    """The profile of ``device`` (a ``torch.device`` or type string) if it has streams TorchRec does not manage.
+
+    Example::
+
+        streamed_profile(torch.device("cpu"))   # None: no streams
+        streamed_profile(torch.device("npu"))   # the npu profile
+    """
     profile = backends.profile_for(getattr(device, "type", str(device)))
     if profile is None or profile.streams is None or profile.streams.managed_by_torchrec:
         return None
@@ -33,14 +56,28 @@ def streamed_profile(device: Any) -> Optional[DeviceProfile]:
 
 
 def device_module(profile: DeviceProfile) -> Any:
+    """The torch device module named by ``profile.streams.device_module`` (``torch.npu``), imported."""
     assert profile.streams is not None
     module_name, _, attr = profile.streams.device_module.rpartition(".")
     return getattr(importlib.import_module(module_name), attr)
 
 
-def fill_streams(pipeline: Any) -> None:
-    """Give ``pipeline`` the streams its device supports (no-op for cpu, cuda and mtia)."""
-    profile = streamed_profile(getattr(pipeline, "_device", None))
+def fill_streams(pipeline: Any, device: Any = None) -> None:
+    """Give ``pipeline`` the streams its device supports (no-op for cpu, cuda and mtia).
+
+    Every stream attribute the pipeline has and left ``None`` gets ``Stream(priority=<its role's priority>)``,
+    ``_default_stream`` (if ``None``) the current stream, and ``_stream_context`` the device module's ``stream``.
+
+    Args:
+        pipeline: a TorchRec train pipeline or pipeline stage helper.
+        device: the pipeline's device (default: ``pipeline._device``).
+
+    Example::
+
+        pipeline = TrainPipelineSparseDist(model, optimizer, torch.device("npu"))   # filled by the patch
+        fill_streams(pipeline)   # idempotent: attributes already set are kept
+    """
+    profile = streamed_profile(device if device is not None else getattr(pipeline, "_device", None))
     if profile is None:
         return
     assert profile.streams is not None
@@ -61,6 +98,14 @@ def _after_init(original: Callable[..., None]) -> Callable[..., None]:
     return __init__
 
 
+def _staged_after_init(original: Callable[..., None]) -> Callable[..., None]:
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        fill_streams(self, self._compute_stream.device)
+
+    return __init__
+
+
 def _wait_impl(original: Callable[..., Any]) -> Callable[..., Any]:
     def _wait_impl(self: Any) -> Any:
         ret = original(self)
@@ -75,21 +120,23 @@ def _wait_impl(original: Callable[..., Any]) -> Callable[..., Any]:
     return _wait_impl
 
 
-def _pipeline_patch(cls: str) -> Patch:
+def _init_patch(module: str, cls: str, wrapper: Callable[[Any], Any] = _after_init) -> Patch:
     return Patch.wrap(
         name=f"h4.streams_{cls}",
-        target=f"{_PIPELINES}:{cls}.__init__",
+        target=f"{module}:{cls}.__init__",
         requires=TORCHREC_1_8,
         reason=f"{cls} creates streams only for cuda/mtia; fill them from the device profile",
-        wrapper=_after_init,
+        wrapper=wrapper,
     )
 
 
 PATCHES = [
-    _pipeline_patch("TrainPipelineBase"),
-    _pipeline_patch("TrainPipelineSparseDist"),
-    _pipeline_patch("TrainPipelineFusedSparseDist"),
-    _pipeline_patch("PrefetchTrainPipelineSparseDist"),
+    _init_patch(_PIPELINES, "TrainPipelineBase"),
+    _init_patch(_PIPELINES, "TrainPipelineSparseDist"),
+    _init_patch(_PIPELINES, "TrainPipelineFusedSparseDist"),
+    _init_patch(_PIPELINES, "PrefetchTrainPipelineSparseDist"),
+    _init_patch(_PIPELINES, "StagedTrainPipeline", _staged_after_init),
+    _init_patch(_STAGES, "SparseDataDistUtil"),
     Patch.wrap(
         name="h4.comm_record_stream",
         target="torchrec.distributed.comm_ops:Request._wait_impl",

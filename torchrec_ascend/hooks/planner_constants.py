@@ -2,6 +2,10 @@
 
 Without it the hardware-aware perf estimator raises "Unrecognized or unsupported compute kernel: key_value" when
 planning key_value on CPU, or any kernel on npu. The figures come from the profiles' ``planner.kernel_bandwidths``.
+A device planned under an alias (npu as cuda) reaches the estimator as the alias: the active backend's figures are
+also registered under its alias, so an npu host plans with npu bandwidths, not cuda's.
+
+Not covered: HBM/DDR storage rules, which follow the alias (cuda's) by design.
 """
 
 from __future__ import annotations
@@ -14,11 +18,20 @@ from torchrec_ascend.injection.patch import Patch, Undo, resolve, set_attribute
 
 
 def profile_bandwidths() -> Dict[Tuple[str, str], float]:
-    """(device type, compute kernel) -> bytes/ms for every registered profile."""
+    """(device type, compute kernel) -> bytes/ms for every registered profile, plus the active one's alias.
+
+    Example::
+
+        profile_bandwidths()[("cpu", "key_value")]   # 2.7e7 (half of DDR bandwidth, in bytes/ms)
+    """
     table: Dict[Tuple[str, str], float] = {}
     for profile in backends.profiles().values():
         for kernel, bandwidth in profile.planner.kernel_bandwidths.items():
             table[(profile.device_type, kernel)] = bandwidth
+    current = backends.active()
+    if current.planner.alias:
+        for kernel, bandwidth in current.planner.kernel_bandwidths.items():
+            table[(current.planner.alias, kernel)] = bandwidth
     return table
 
 

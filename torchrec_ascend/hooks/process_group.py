@@ -1,38 +1,67 @@
 """H5: process-group plumbing. ``DistributedModelParallel.copy()`` on torch builds without NCCL (CPU, NPU).
 
 ``sharded_model_copy`` marks process groups and streams as not-to-be-deep-copied by naming
-``ProcessGroupNCCL`` and ``torch.cuda`` streams, which a CPU-only or NPU build of torch does not have. Ours marks
-whatever process-group classes exist and every backend's stream class. Collectives themselves need nothing: TorchRec
-inherits the backend (gloo, nccl, hccl) from the user's process group.
+``ProcessGroupNCCL`` and ``torch.cuda`` streams, which a CPU-only or NPU build of torch does not have, and its
+``__exit__`` leaves ``__deepcopy__ = None`` behind. Ours marks the generic c10d classes, every backend's declared
+process-group classes and stream class (those whose module is imported: no instance of the others can exist), and
+restores exactly what it changed. Collectives themselves need nothing: TorchRec inherits the backend (gloo, nccl,
+hccl) from the user's process group.
+
+Not covered: ``dist_data._check_pg_for_nccl_error`` probes only NCCL (it returns quietly for other backends).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any, Callable, List
+import sys
+from typing import Any, Callable, List, Optional
 
 from torchrec_ascend import backends
 from torchrec_ascend.hooks.versions import TORCHREC_1_8
-from torchrec_ascend.injection.patch import Patch
+from torchrec_ascend.injection.patch import Patch, set_attribute
 
-_PROCESS_GROUP_CLASSES = ("ProcessGroup", "ProcessGroupNCCL", "ProcessGroupGloo", "ProcessGroupHCCL", "Work")
+# Device-independent c10d classes whose instances a sharded module may hold.
+_C10D = "torch._C._distributed_c10d"
+_GENERIC_CLASSES = (f"{_C10D}:ProcessGroup", f"{_C10D}:Backend", f"{_C10D}:Work")
+_UNDO_ATTR = "_torchrec_ascend_undo"
+
+
+def loaded_object(target: str) -> Optional[Any]:
+    """The object at ``"module:qualname"`` (or ``"module.attr"``) if its module is already imported, else None.
+
+    Nothing is imported: a class of a module nobody imported has no instances to worry about.
+
+    Example::
+
+        loaded_object("torch._C._distributed_c10d:ProcessGroupGloo")   # the class, once torch is imported
+        loaded_object("torch_npu._C._distributed_c10d:ProcessGroupHCCL")   # None without torch_npu
+    """
+    if ":" in target:
+        module_name, _, qualname = target.partition(":")
+    else:
+        module_name, _, qualname = target.rpartition(".")
+    obj: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    return obj
 
 
 def no_copy_classes() -> List[type]:
-    """Classes whose instances ``sharded_model_copy`` must share rather than deep-copy."""
-    import torch
+    """Classes whose instances ``sharded_model_copy`` must share rather than deep-copy.
 
-    c10d = torch._C._distributed_c10d
-    found = [getattr(c10d, name) for name in _PROCESS_GROUP_CLASSES if hasattr(c10d, name)]
+    Example::
+
+        torch._C._distributed_c10d.ProcessGroupGloo in no_copy_classes()   # True
+    """
+    names = list(_GENERIC_CLASSES)
     for profile in backends.profiles().values():
-        if profile.streams is None:
-            continue
-        module_name, _, attr = profile.streams.device_module.rpartition(".")
-        try:
-            stream = getattr(getattr(importlib.import_module(module_name), attr), "Stream")
-        except (ImportError, AttributeError):  # that device's stack is not installed here
-            continue
-        found.append(stream)
+        names += profile.process_group_classes
+        if profile.streams is not None:
+            names.append(f"{profile.streams.device_module}.Stream")
+    found: List[type] = []
+    for name in names:
+        cls = loaded_object(name)
+        if isinstance(cls, type) and cls not in found:
+            found.append(cls)
     return found
 
 
@@ -40,8 +69,6 @@ def _enter(original: Callable[..., None]) -> Callable[..., None]:
     def __enter__(self: Any) -> None:
         import torch
 
-        self.t_copy_save_ = torch.Tensor.__deepcopy__
-        self.p_copy_save_ = torch.nn.Parameter.__deepcopy__
         device = self.device
 
         def tensor_copy(tensor: Any, memo: Any) -> Any:
@@ -55,23 +82,21 @@ def _enter(original: Callable[..., None]) -> Callable[..., None]:
         def param_copy(param: Any, memo: Any) -> Any:
             return torch.nn.Parameter(copy_or_not(param, memo), requires_grad=param.requires_grad)
 
-        torch.Tensor.__deepcopy__ = copy_or_not
-        torch.nn.Parameter.__deepcopy__ = param_copy
-        self._torchrec_ascend_no_copy = no_copy_classes()
-        for cls in self._torchrec_ascend_no_copy:
-            cls.__deepcopy__ = no_copy
+        undo = [
+            set_attribute(torch.Tensor, "__deepcopy__", copy_or_not),
+            set_attribute(torch.nn.Parameter, "__deepcopy__", param_copy),
+        ]
+        undo += [set_attribute(cls, "__deepcopy__", no_copy) for cls in no_copy_classes()]
+        setattr(self, _UNDO_ATTR, undo)
 
     return __enter__
 
 
 def _exit(original: Callable[..., None]) -> Callable[..., None]:
     def __exit__(self: Any, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
-        import torch
-
-        torch.Tensor.__deepcopy__ = self.t_copy_save_
-        torch.nn.Parameter.__deepcopy__ = self.p_copy_save_
-        for cls in getattr(self, "_torchrec_ascend_no_copy", []):
-            cls.__deepcopy__ = None
+        for undo in reversed(getattr(self, _UNDO_ATTR, [])):
+            undo()
+        setattr(self, _UNDO_ATTR, [])
 
     return __exit__
 

@@ -1,44 +1,97 @@
 """H1: which sharding types and compute kernels a device supports, and planning for devices the planner lacks.
 
-Stock TorchRec hard-codes ``{"cuda"}`` in ``BaseEmbeddingSharder.sharding_types``/``compute_kernels``: row-wise,
+Stock TorchRec hard-codes ``{"cuda"}`` in the sharders' ``sharding_types``/``compute_kernels``: row-wise,
 table-row-wise and grid sharding are refused on CPU although every op they need works there, and an unknown device
-such as ``npu`` gets nothing. Here the backend profile of the device type decides (extending the stock lists).
+such as ``npu`` gets nothing. The rule here, for every cuda-gated sharder (``BaseEmbeddingSharder`` and
+``FusedEmbeddingBagCollectionSharder``): a device keeps what the sharder offers it, plus those entries of the
+sharder's cuda list that the device's profile declares. The managed-collision sharder offers a fixed kernel list
+whatever the device; it is filtered to the profile's kernels.
+
 The stock planner only knows cpu/cuda/mtia: a profile with ``planner.alias`` is planned as that device and its
-placements are rewritten to the real device type.
+placements are rewritten to the real device type. The sharders then see the alias; in a process whose active
+backend plans as that alias, the active backend's rules apply (an npu host plans npu, never cuda).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional, Sequence
 
 from torchrec_ascend import backends
+from torchrec_ascend.backends.profile import TORCHREC_REFERENCE_DEVICE, DeviceProfile
 from torchrec_ascend.hooks.versions import TORCHREC_1_8
 from torchrec_ascend.injection.patch import Patch
 
+# Row-wise, table-row-wise and grid sharding on CPU rely on fbgemm's CPU block_bucketize_sparse_features and CPU TBE
+# behaving as in fbgemm 1.8 (checked by the stock matrix); the CPU and CUDA builds are different distributions.
+TORCHREC_FBGEMM_1_8 = {**TORCHREC_1_8, "fbgemm-gpu|fbgemm-gpu-cpu": ">=1.8.0,<1.9"}
+
 _SHARDER = "torchrec.distributed.embedding_types:BaseEmbeddingSharder"
+_FUSED_SHARDER = "torchrec.distributed.fused_embeddingbag:FusedEmbeddingBagCollectionSharder"
+_MC_SHARDER = "torchrec.distributed.mc_embedding_modules:BaseManagedCollisionEmbeddingCollectionSharder"
 _REAL_DEVICE_ATTR = "_torchrec_ascend_device_type"
 
 
-def _extend(stock: List[str], extra: Any) -> List[str]:
-    return list(stock) + [x for x in extra if x not in stock]
+def planning_profile(device_type: str) -> Optional[DeviceProfile]:
+    """The profile whose rules apply to ``device_type`` as sharders and the planner see it, or None (stock rules).
+
+    Args:
+        device_type: the device type a sharder is asked about (an alias such as ``"cuda"`` for npu planning).
+
+    Example::
+
+        planning_profile("cpu").name    # 'cpu'
+        planning_profile("cuda").name   # 'npu' in a process whose active backend is npu, else 'cuda'
+    """
+    current = backends.active()
+    if current.planner.alias == device_type:
+        return current
+    return backends.profile_for(device_type)
+
+
+def granted(
+    query: Callable[[str], List[str]], device_type: str, declared: Callable[[DeviceProfile], Sequence[str]]
+) -> List[str]:
+    """What a cuda-gated allow-list grants ``device_type``: its own answer plus the declared part of cuda's.
+
+    Args:
+        query: the stock allow-list, as a function of the device type.
+        device_type: the device type asked about.
+        declared: what the device's profile declares (its ``sharding_types`` or ``compute_kernels``).
+
+    Example::
+
+        granted(lambda d: sharder.sharding_types(d), "cpu", lambda p: p.sharding_types)
+        # ['data_parallel', 'table_wise', 'column_wise', 'table_column_wise', 'row_wise', ...]
+    """
+    profile = planning_profile(device_type)
+    if profile is None:
+        return query(device_type)
+    own = query(profile.device_type)
+    supported = declared(profile)
+    return own + [x for x in query(TORCHREC_REFERENCE_DEVICE) if x in supported and x not in own]
 
 
 def _sharding_types(original: Callable[..., List[str]]) -> Callable[..., List[str]]:
     def sharding_types(self: Any, compute_device_type: str) -> List[str]:
-        stock = original(self, compute_device_type)
-        profile = backends.profile_for(compute_device_type)
-        return stock if profile is None else _extend(stock, profile.sharding_types)
+        return granted(lambda device: original(self, device), compute_device_type, lambda p: p.sharding_types)
 
     return sharding_types
 
 
 def _compute_kernels(original: Callable[..., List[str]]) -> Callable[..., List[str]]:
     def compute_kernels(self: Any, sharding_type: str, compute_device_type: str) -> List[str]:
+        return granted(
+            lambda device: original(self, sharding_type, device), compute_device_type, lambda p: p.compute_kernels
+        )
+
+    return compute_kernels
+
+
+def _device_filtered_kernels(original: Callable[..., List[str]]) -> Callable[..., List[str]]:
+    def compute_kernels(self: Any, sharding_type: str, compute_device_type: str) -> List[str]:
         stock = original(self, sharding_type, compute_device_type)
-        profile = backends.profile_for(compute_device_type)
-        if profile is None or sharding_type == "data_parallel":
-            return stock
-        return _extend(stock, profile.compute_kernels)
+        profile = planning_profile(compute_device_type)
+        return stock if profile is None else [k for k in stock if k in profile.compute_kernels]
 
     return compute_kernels
 
@@ -70,15 +123,33 @@ def _to_sharding_plan(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _rewrite_placements(plan: Any, planned_as: str, real: str) -> None:
-    from torch.distributed._remote_device import _remote_device
-
     for module_plan in plan.plan.values():
         for param_sharding in module_plan.values():
-            spec = param_sharding.sharding_spec
-            for shard in getattr(spec, "shards", None) or []:
-                placement = str(shard.placement)
-                if f"/{planned_as}" in placement:
-                    shard.placement = _remote_device(placement.replace(f"/{planned_as}", f"/{real}"))
+            for shard in getattr(param_sharding.sharding_spec, "shards", None) or []:
+                shard.placement = _on_device(shard.placement, planned_as, real)
+
+
+def _on_device(placement: Any, planned_as: str, real: str) -> Any:
+    """``rank:r/<planned_as>:i`` as ``rank:r/<real>:i`` (other placements unchanged)."""
+    from torch.distributed.remote_device import _remote_device
+
+    remote = placement if isinstance(placement, _remote_device) else _remote_device(placement)
+    device = remote.device()
+    if device.type != planned_as:
+        return placement
+    moved = _remote_device(f"rank:{remote.rank()}/{real}:{device.index}")
+    return moved if isinstance(placement, _remote_device) else str(moved)
+
+
+def _placement(original: Callable[[str, int, int], str]) -> Callable[[str, int, int], str]:
+    def placement(compute_device: str, rank: int, local_size: int) -> str:
+        profile = backends.profile_for(compute_device)
+        alias = profile.planner.alias if profile is not None else None
+        if not alias:
+            return original(compute_device, rank, local_size)
+        return _on_device(original(alias, rank, local_size), alias, compute_device)
+
+    return placement
 
 
 def _get_device_type(original: Callable[[], str]) -> Callable[[], str]:
@@ -92,7 +163,7 @@ PATCHES = [
     Patch.wrap(
         name="h1.sharder_sharding_types",
         target=f"{_SHARDER}.sharding_types",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC_FBGEMM_1_8,
         reason="row-wise/table-row-wise/grid sharding are refused outside cuda by an allow-list, not by capability",
         wrapper=_sharding_types,
     ),
@@ -102,6 +173,27 @@ PATCHES = [
         requires=TORCHREC_1_8,
         reason="key_value (and accelerator kernels) are offered only on cuda; the profile lists each device's",
         wrapper=_compute_kernels,
+    ),
+    Patch.wrap(
+        name="h1.fused_sharder_sharding_types",
+        target=f"{_FUSED_SHARDER}.sharding_types",
+        requires=TORCHREC_FBGEMM_1_8,
+        reason="FusedEmbeddingBagCollectionSharder allows row-wise/table-row-wise on cuda only",
+        wrapper=_sharding_types,
+    ),
+    Patch.wrap(
+        name="h1.fused_sharder_compute_kernels",
+        target=f"{_FUSED_SHARDER}.compute_kernels",
+        requires=TORCHREC_1_8,
+        reason="FusedEmbeddingBagCollectionSharder gates its kernels on cuda; the profile lists each device's",
+        wrapper=_compute_kernels,
+    ),
+    Patch.wrap(
+        name="h1.mc_sharder_compute_kernels",
+        target=f"{_MC_SHARDER}.compute_kernels",
+        requires=TORCHREC_1_8,
+        reason="the managed-collision sharder offers UVM kernels on every device; keep the device's own",
+        wrapper=_device_filtered_kernels,
     ),
     Patch.wrap(
         name="h1.topology_device_alias",
@@ -116,6 +208,13 @@ PATCHES = [
         requires=TORCHREC_1_8,
         reason="placements of an aliased device must name the real device (rank:r/npu:i)",
         wrapper=_to_sharding_plan,
+    ),
+    Patch.wrap(
+        name="h1.explicit_plan_placement",
+        target="torchrec.distributed.sharding_plan:placement",
+        requires=TORCHREC_1_8,
+        reason="explicit plans give an aliased device no index (rank:r/npu), which ShardedTensor rejects",
+        wrapper=_placement,
     ),
     Patch.wrap(
         name="h1.planner_default_device",

@@ -12,15 +12,25 @@ from __future__ import annotations
 from typing import Any, Callable, List
 
 from torchrec_ascend.backends.profile import DeviceProfile
+from torchrec_ascend.errors import BackendError
 
 # The dispatch key out-of-tree devices (torch_npu) register their kernels under.
 DISPATCH_KEY = "PrivateUse1"
 _libraries: List[Any] = []  # keep registrations alive for the life of the process
+#: Qualified names of the ops given a host round trip in this process (shown by ``doctor``).
 REGISTERED: List[str] = []
 
 
 def host_round_trip(op: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``op`` so it runs on the host: tensor arguments go to CPU, tensor results return to their device."""
+    """Wrap ``op`` so it runs on the host: tensor arguments go to CPU, tensor results return to their device.
+
+    The device is that of the first tensor argument (CPU if there is none).
+
+    Example::
+
+        cumsum = host_round_trip(torch.ops.fbgemm.asynchronous_complete_cumsum.default)
+        cumsum(lengths_on_npu)   # computed on the CPU, returned on the npu
+    """
     import torch
     from torch.utils._pytree import tree_flatten, tree_map
 
@@ -42,7 +52,20 @@ def host_round_trip(op: Callable[..., Any]) -> Callable[..., Any]:
 def register_host_fallbacks(profile: DeviceProfile, namespace: str = "fbgemm") -> List[str]:
     """Register host round trips for the profile's ``host_fallback_ops`` that lack a device kernel.
 
-    Returns the op names registered (also kept in :data:`REGISTERED` for ``doctor``).
+    Args:
+        profile: the device backend (its ``host_fallback_ops``; the op library must be imported already, as
+            ``backends.activate`` does with ``op_modules``).
+        namespace: the op namespace.
+
+    Returns:
+        List[str]: the qualified op names registered now (also appended to :data:`REGISTERED`).
+
+    Raises:
+        BackendError: a listed op is not defined at all (its library was not imported, or the name is wrong).
+
+    Example::
+
+        register_host_fallbacks(backends.profile_for("npu"))   # ['fbgemm::block_bucketize_sparse_features', ...]
     """
     if not profile.host_fallback_ops:
         return []
@@ -52,7 +75,15 @@ def register_host_fallbacks(profile: DeviceProfile, namespace: str = "fbgemm") -
     done = []
     for name in profile.host_fallback_ops:
         qualified = f"{namespace}::{name}"
-        if not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, DISPATCH_KEY):
+        try:
+            has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key(qualified, DISPATCH_KEY)
+        except RuntimeError as err:
+            raise BackendError(
+                f"device backend {profile.name!r} lists {qualified} in host_fallback_ops, but no such operator is "
+                f"defined ({err}); import the library defining it first (add it to the profile's op_modules, "
+                f"currently {list(profile.op_modules)}) or remove the name"
+            ) from err
+        if not has_kernel:
             op = getattr(getattr(torch.ops, namespace), name).default
             library.impl(name, host_round_trip(op), DISPATCH_KEY)
             done.append(qualified)

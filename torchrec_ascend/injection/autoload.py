@@ -13,19 +13,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import traceback
 from typing import Optional
 
+from torchrec_ascend.errors import TorchRecAscendError
 from torchrec_ascend.injection import import_hook
-from torchrec_ascend.injection.registry import PatchRegistry
+from torchrec_ascend.injection.registry import PatchRegistry, fully_imported
 
 OFF_SWITCH = "TORCHREC_ASCEND_AUTOLOAD"
 
 
 @dataclasses.dataclass
 class AutoloadStatus:
-    """What happened to autoloading in this process (shown by ``doctor``)."""
+    """What happened to autoloading in this process (shown by ``doctor``).
+
+    Attributes:
+        state: ``not loaded`` (the entry point did not run), ``disabled`` (switched off), ``armed`` (waiting for
+            the first torchrec import), ``active`` (registry built, patches applying) or ``error``.
+        detail: one line: the switch that disabled it, or where and how it failed.
+        errors: the full traceback of every recorded failure.
+    """
 
     state: str = "not loaded"  # not loaded | disabled | armed | active | error
     detail: str = ""
@@ -53,6 +60,15 @@ def autoload() -> None:
 def activate() -> PatchRegistry:
     """Turn torchrec-ascend on explicitly (when autoloading is switched off) and patch loaded TorchRec modules.
 
+    Modules TorchRec imports later are patched by the import hook, as with autoloading.
+
+    Returns:
+        PatchRegistry: the process's registry.
+
+    Raises:
+        TorchRecAscendError: the patch registry could not be built (the message carries the recorded error).
+        BackendError: the selected device backend's stack fails to import.
+
     Example::
 
         import torchrec_ascend.injection.autoload as autoload
@@ -60,18 +76,22 @@ def activate() -> PatchRegistry:
     """
     _arm()
     _on_first_import()
-    registry = _registry
-    assert registry is not None
-    registry.apply(loaded_module="")
-    return registry
+    if _registry is None:
+        raise TorchRecAscendError(
+            f"torchrec-ascend could not build its patch registry ({STATUS.detail}); run `torchrec-ascend doctor`"
+        )
+    _registry.apply(loaded_module="")
+    return _registry
 
 
 def deactivate() -> None:
-    """Revert every applied patch and remove the import hook."""
+    """Revert every applied patch, remove the import hook and forget the registry (``activate`` starts afresh)."""
+    global _registry, _hook
     if _registry is not None:
         _registry.revert()
     if _hook is not None:
         import_hook.uninstall(_hook)
+    _registry, _hook = None, None
     STATUS.state, STATUS.detail = "disabled", "deactivate() called"
 
 
@@ -85,8 +105,11 @@ def _arm() -> None:
     if _hook is None:
         _hook = import_hook.TorchRecImportHook(_on_first_import, _watched, _on_loaded)
     import_hook.install(_hook)
-    STATUS.state = "armed"
-    if "torchrec" in sys.modules:  # torchrec came first (autoload was off): patch what is already there
+    if _registry is None and STATUS.state != "error":
+        STATUS.state, STATUS.detail = "armed", ""
+    # torchrec was imported first (autoload off, or torchrec importing torch): patch what is already there. While
+    # torchrec is still mid-import, the hook sees its remaining modules and does this on the next one.
+    if fully_imported(import_hook.PREFIX):
         _on_first_import()
         if _registry is not None:
             _registry.apply(loaded_module="")

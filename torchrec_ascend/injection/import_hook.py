@@ -37,24 +37,41 @@ class _PatchingLoader(importlib.abc.Loader):
 
 class TorchRecImportHook(importlib.abc.MetaPathFinder):
     """Calls ``on_first_import()`` before the first ``torchrec`` module loads, then ``on_loaded(name)`` after each
-    module in ``watched()`` executes."""
+    module in ``watched()`` executes.
+
+    Args:
+        on_first_import: called once, before the first module of the package is found (may raise: the import
+            that triggered it fails with that error).
+        watched: returns the module names to report (asked on every import of the package).
+        on_loaded: called with the module name once a watched module's body has run.
+        prefix: the top-level package watched (``torchrec``; tests use a package of their own).
+
+    Example::
+
+        hook = TorchRecImportHook(lambda: None, lambda: {"torchrec.distributed.utils"}, print)
+        install(hook)   # `import torchrec.distributed.utils` now prints its name once it has executed
+    """
 
     def __init__(
         self,
         on_first_import: Callable[[], None],
         watched: Callable[[], set],
         on_loaded: Callable[[str], None],
+        prefix: str = PREFIX,
     ) -> None:
         self._on_first_import = on_first_import
         self._watched = watched
         self._on_loaded = on_loaded
+        self._prefix = prefix
         self._started = False
         self._busy = threading.local()
 
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]], target: Optional[ModuleType] = None
     ) -> Optional[importlib.machinery.ModuleSpec]:
-        if not (fullname == PREFIX or fullname.startswith(PREFIX + ".")) or getattr(self._busy, "on", False):
+        """Delegate finding to the other finders; wrap the loader of a watched module (None: not ours)."""
+        prefix = self._prefix
+        if not (fullname == prefix or fullname.startswith(prefix + ".")) or getattr(self._busy, "on", False):
             return None
         self._busy.on = True
         try:
@@ -90,5 +107,6 @@ def install(hook: TorchRecImportHook) -> None:
 
 
 def uninstall(hook: TorchRecImportHook) -> None:
+    """Remove ``hook`` from ``sys.meta_path`` (modules already patched stay patched)."""
     if hook in sys.meta_path:
         sys.meta_path.remove(hook)

@@ -28,7 +28,16 @@ _NOTSET = object()
 
 
 def resolve(target: str) -> Tuple[Any, str]:
-    """Return ``(owner, attribute)`` for ``"pkg.module:Class.attr"`` (the module must be importable)."""
+    """Return ``(owner, attribute)`` for ``"pkg.module:Class.attr"``, importing the module.
+
+    Raises:
+        ImportError: the module cannot be imported.
+        AttributeError: a name on the path (``Class``) does not exist.
+
+    Example::
+
+        resolve("torchrec.distributed.utils:sharded_model_copy.__enter__")   # (sharded_model_copy, "__enter__")
+    """
     module_name, _, qualname = target.partition(":")
     owner: Any = importlib.import_module(module_name)
     *path, attr = qualname.split(".")
@@ -37,8 +46,30 @@ def resolve(target: str) -> Tuple[Any, str]:
     return owner, attr
 
 
+def raw_attribute(owner: Any, attr: str) -> Any:
+    """``attr`` as stored: for a class, the raw ``staticmethod``/``classmethod``/function found along its MRO.
+
+    Raises:
+        AttributeError: ``owner`` has no such attribute.
+    """
+    if inspect.isclass(owner):
+        for klass in owner.__mro__:
+            if attr in klass.__dict__:
+                return klass.__dict__[attr]
+    return getattr(owner, attr)
+
+
 def set_attribute(owner: Any, attr: str, value: Any) -> Undo:
-    """``setattr`` that records its undo; a class attribute is read from ``__dict__`` so descriptors survive."""
+    """``setattr`` that records its undo.
+
+    A class attribute is read from the class's own ``__dict__``, so descriptors survive the round trip, and an
+    attribute that the owner did not hold itself (absent, or inherited) is deleted again by the undo.
+
+    Example::
+
+        undo = set_attribute(SomeClass, "method", replacement)
+        undo()   # SomeClass.__dict__ is as before
+    """
     if inspect.isclass(owner):
         old = owner.__dict__.get(attr, _NOTSET)
     else:
@@ -61,7 +92,9 @@ class Patch:
     Args:
         name: unique dotted name, prefixed with its hook point (``"h2.pooled_kernel_factory"``).
         target: ``"module:qualname"`` of the object changed; the patch applies once ``module`` is imported.
-        requires: distribution name -> PEP 440 specifier of the versions this patch was written for.
+        requires: distribution name -> PEP 440 specifier of the versions this patch was written for. A key may
+            list alternative distributions of one package (``"fbgemm-gpu|fbgemm-gpu-cpu"``): the first installed
+            one is checked.
         reason: one line saying why the patch exists.
         apply_fn: performs the change and returns a function that undoes it.
     """
@@ -74,9 +107,11 @@ class Patch:
 
     @property
     def module(self) -> str:
+        """The module whose import makes the patch applicable."""
         return self.target.partition(":")[0]
 
     def apply(self) -> Undo:
+        """Make the change (importing the target module) and return its undo."""
         return self.apply_fn(self)
 
     @classmethod
@@ -90,13 +125,18 @@ class Patch:
     ) -> "Patch":
         """A patch replacing ``target`` by ``wrapper(original)``.
 
-        Patch the name where the consumer looks it up: ``from x import f`` copies the binding, so a module that
-        imported ``f`` needs its own patch.
+        A ``staticmethod``/``classmethod`` target is unwrapped before ``wrapper`` sees it and rewrapped after, also
+        when the class inherits it. Patch the name where the consumer looks it up: ``from x import f`` copies the
+        binding, so a module that imported ``f`` needs its own patch.
+
+        Example::
+
+            Patch.wrap("h9.demo", "pkg.mod:Cls.method", {"pkg": ">=1,<2"}, "why", lambda original: original)
         """
 
         def apply_fn(patch: "Patch") -> Undo:
             owner, attr = resolve(patch.target)
-            raw = owner.__dict__[attr] if inspect.isclass(owner) and attr in owner.__dict__ else getattr(owner, attr)
+            raw = raw_attribute(owner, attr)
             descriptor = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
             replacement = wrapper(raw.__func__ if descriptor else raw)
             if descriptor:

@@ -1,8 +1,9 @@
 """PatchRegistry: applies a declared, ordered set of patches once each, reverts any subset, reports every state.
 
 The registry is all-or-nothing per installed version: if the installed TorchRec (or another required
-distribution) is outside any patch's supported range, nothing is applied, one warning lists every patch skipped
-and why, and TorchRec is left untouched. A patch that fails while applying reverts the ones already applied.
+distribution, e.g. fbgemm) is outside any patch's supported range, nothing is applied, one warning lists every
+patch skipped and why, and TorchRec is left untouched. A patch that fails while applying reverts the ones already
+applied and marks the rest skipped.
 
 Example::
 
@@ -19,48 +20,76 @@ import enum
 import importlib.metadata
 import sys
 import warnings
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from torchrec_ascend.injection.patch import Patch, Undo
 
+#: Separates alternative distributions of one package in a ``Patch.requires`` key.
+ALTERNATIVES = "|"
+
 
 class PatchState(str, enum.Enum):
+    """Where a patch stands."""
+
     PENDING = "pending"  # waiting for its target module to be imported
     APPLIED = "applied"
-    SKIPPED = "skipped"
+    SKIPPED = "skipped"  # unsupported versions, or another patch failed
     FAILED = "failed"
     REVERTED = "reverted"
 
 
 @dataclasses.dataclass
 class PatchStatus:
+    """A patch, its state and why (``detail``: the version problem, the error, or empty)."""
+
     patch: Patch
     state: PatchState = PatchState.PENDING
     detail: str = ""
 
 
-def installed_version(distribution: str) -> Optional[str]:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def installed_distribution(requirement: str) -> Optional[Tuple[str, str]]:
+    """``(distribution, version)`` of the first installed alternative in a ``requires`` key, or None.
+
+    Example::
+
+        installed_distribution("fbgemm-gpu|fbgemm-gpu-cpu")   # ('fbgemm-gpu-cpu', '1.8.0') on this machine
+    """
+    for dist in requirement.split(ALTERNATIVES):
+        try:
+            return dist, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
-def version_problem(requires: Dict[str, str], versions: Dict[str, Optional[str]]) -> Optional[str]:
-    """Why ``requires`` is not met by ``versions`` (distribution -> installed version), or None."""
+def installed_version(requirement: str) -> Optional[str]:
+    """The installed version of a distribution (or of the first installed alternative ``"a|b"``), or None."""
+    found = installed_distribution(requirement)
+    return found[1] if found else None
+
+
+def version_problem(requires: Mapping[str, str], versions: Mapping[str, Optional[str]]) -> Optional[str]:
+    """Why ``requires`` is not met by ``versions`` (``requires`` key -> installed version), or None.
+
+    Example::
+
+        version_problem({"torchrec": ">=1.8,<1.9"}, {"torchrec": "1.9.0"})
+        # 'torchrec 1.9.0 is outside the supported range >=1.8,<1.9'
+    """
     for dist, spec in requires.items():
         have = versions.get(dist)
         if have is None:
-            return f"{dist} is not installed (needs {spec})"
+            names = " nor ".join(dist.split(ALTERNATIVES))
+            return f"{names} is not installed (needs {spec})"
         if Version(have) not in SpecifierSet(spec, prereleases=True):
             return f"{dist} {have} is outside the supported range {spec}"
     return None
 
 
-def _fully_imported(module: str) -> bool:
+def fully_imported(module: str) -> bool:
     """True if ``module`` finished executing (a module mid-import may lack the names a patch resolves)."""
     mod = sys.modules.get(module)
     return mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False)
@@ -71,11 +100,22 @@ class PatchRegistry:
 
     Args:
         patches: the patches, in the order they must be applied.
-        versions: distribution -> installed version, to check ``Patch.requires`` against (default: read from the
-            installed distributions).
+        versions: ``requires`` key -> installed version, to check ``Patch.requires`` against (default: read from
+            the installed distributions).
+
+    Raises:
+        ValueError: two patches share a name.
+
+    Example::
+
+        registry = PatchRegistry(hooks.default_patches())
+        registry.apply()                                 # imports the targets, applies in declared order
+        registry.revert(["h4.comm_record_stream"])       # any subset
     """
 
-    def __init__(self, patches: Iterable[Patch] = (), versions: Optional[Dict[str, Optional[str]]] = None) -> None:
+    def __init__(
+        self, patches: Iterable[Patch] = (), versions: Optional[Mapping[str, Optional[str]]] = None
+    ) -> None:
         self._status: Dict[str, PatchStatus] = {}
         self._undo: Dict[str, Undo] = {}
         self._versions = versions
@@ -84,22 +124,42 @@ class PatchRegistry:
             self.add(patch)
 
     def add(self, patch: Patch) -> None:
+        """Append ``patch`` to the declared order.
+
+        Raises:
+            ValueError: a patch of that name is already registered.
+        """
         if patch.name in self._status:
-            raise ValueError(f"a patch named {patch.name!r} is already registered (targets {patch.target})")
+            raise ValueError(
+                f"a patch named {patch.name!r} is already registered (targets "
+                f"{self._status[patch.name].patch.target}); give the patch for {patch.target} its own name"
+            )
         self._status[patch.name] = PatchStatus(patch)
 
     @property
     def patches(self) -> List[Patch]:
+        """The patches in declared order."""
         return [s.patch for s in self._status.values()]
 
     def watched_modules(self) -> set:
         """Modules whose import should trigger :meth:`apply` (targets of pending patches)."""
         return {s.patch.module for s in self._status.values() if s.state is PatchState.PENDING}
 
+    def requirements(self) -> Dict[str, str]:
+        """Every ``requires`` key of the patches -> the specifiers asked for it (joined when they differ)."""
+        found: Dict[str, List[str]] = {}
+        for status in self._status.values():
+            for dist, spec in status.patch.requires.items():
+                if spec not in found.setdefault(dist, []):
+                    found[dist].append(spec)
+        return {dist: " and ".join(specs) for dist, specs in found.items()}
+
     def apply(self, loaded_module: Optional[str] = None) -> None:
         """Apply, in declared order, every pending patch whose target module is imported (or is ``loaded_module``).
 
-        With neither, imports every target module (used by tests and explicit activation).
+        With neither, imports every target module (tests, ``doctor`` and explicit activation do this). A patch
+        that raises marks itself failed, reverts every applied patch and marks the others skipped; a warning
+        says so (nothing is raised: TorchRec then runs unmodified).
         """
         if not self._check_versions():
             return
@@ -107,7 +167,7 @@ class PatchRegistry:
             if status.state is not PatchState.PENDING:
                 continue
             module = status.patch.module
-            if loaded_module is not None and module != loaded_module and not _fully_imported(module):
+            if loaded_module is not None and module != loaded_module and not fully_imported(module):
                 continue
             try:
                 self._undo[name] = status.patch.apply()
@@ -124,17 +184,37 @@ class PatchRegistry:
             status.state, status.detail = PatchState.APPLIED, ""
 
     def revert(self, names: Optional[Iterable[str]] = None) -> None:
-        """Undo the applied patches named (default: all), last applied first."""
+        """Undo the applied patches named (default: all), last applied first.
+
+        Raises:
+            KeyError: a name is not registered.
+            ValueError: a patch would be reverted from under a later applied patch of the same target that stays
+                applied (its undo would silently drop that patch too); revert both, or the later one first.
+        """
         wanted = set(self._status) if names is None else set(names)
-        for name in reversed(list(self._undo)):
+        unknown = wanted - set(self._status)
+        if unknown:
+            raise KeyError(f"no patch named {', '.join(sorted(unknown))}; registered: {', '.join(self._status)}")
+        order = list(self._undo)
+        for i, name in enumerate(order):
+            target = self._status[name].patch.target
+            above = [n for n in order[i + 1 :] if n not in wanted and self._status[n].patch.target == target]
+            if name in wanted and above:
+                raise ValueError(
+                    f"cannot revert {name!r} alone: {', '.join(above)} patched {target} after it and stays "
+                    "applied; revert them together"
+                )
+        for name in reversed(order):
             if name in wanted:
                 self._undo.pop(name)()
                 self._status[name].state = PatchState.REVERTED
 
     def status(self, name: str) -> PatchStatus:
+        """The status of the patch named ``name`` (KeyError if there is none)."""
         return self._status[name]
 
     def report(self) -> List[PatchStatus]:
+        """Every patch's status, in declared order."""
         return list(self._status.values())
 
     def __enter__(self) -> "PatchRegistry":
@@ -150,13 +230,20 @@ class PatchRegistry:
             if status.state in (PatchState.PENDING, PatchState.REVERTED):
                 status.state, status.detail = PatchState.SKIPPED, why
 
+    def _installed(self) -> Tuple[Dict[str, Optional[str]], Dict[str, str]]:
+        """``requires`` key -> installed version, and -> how to name what was found in messages."""
+        keys = {d for s in self._status.values() for d in s.patch.requires}
+        if self._versions is not None:
+            return dict(self._versions), {k: k for k in keys}
+        found = {k: installed_distribution(k) for k in keys}
+        return {k: f[1] if f else None for k, f in found.items()}, {k: f[0] if f else k for k, f in found.items()}
+
     def _check_versions(self) -> bool:
         if self._version_checked:
             return not any(s.state is PatchState.SKIPPED for s in self._status.values())
         self._version_checked = True
-        dists = {d for s in self._status.values() for d in s.patch.requires}
-        versions = self._versions if self._versions is not None else {d: installed_version(d) for d in dists}
-        problems = {n: version_problem(dict(s.patch.requires), versions) for n, s in self._status.items()}
+        versions, names = self._installed()
+        problems = {n: version_problem(s.patch.requires, versions) for n, s in self._status.items()}
         problems = {n: p for n, p in problems.items() if p}
         if not problems:
             return True
@@ -165,7 +252,7 @@ class PatchRegistry:
             status.detail = problems.get(name) or "skipped with the others: the installed versions are unsupported"
         listing = "\n".join(f"  - {n}: {p}" for n, p in problems.items())
         skipped = ", ".join(self._status)
-        found = ", ".join(f"{d} {v}" for d, v in sorted(versions.items()))
+        found = ", ".join(f"{names[d]} {v or 'not installed'}" for d, v in sorted(versions.items()))
         warnings.warn(
             f"torchrec-ascend: unsupported versions ({found}); no patch applied, TorchRec is left untouched.\n"
             f"{listing}\nSkipped: {skipped}. Install the tested stack (torchrec 1.8.0, fbgemm-gpu-cpu 1.8.0, "

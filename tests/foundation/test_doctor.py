@@ -1,0 +1,59 @@
+"""``torchrec-ascend doctor`` in this process (patched by the entry point).
+
+Oracle: the process's own registry, backend selection and plugin list; the report must show each of them, fit
+100 columns, and the exit status must follow the problems found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from torchrec_ascend import backends
+from torchrec_ascend.cli import doctor
+from torchrec_ascend.injection import autoload
+from torchrec_ascend.plugin_manager import get_plugin_manager
+
+
+@pytest.fixture(scope="module")
+def healthy() -> doctor.Diagnosis:
+    return doctor.diagnose()
+
+
+def test_lists_every_patch_with_its_state(healthy: doctor.Diagnosis) -> None:
+    registry = autoload.registry()
+    assert registry is not None, "these tests run under the entry point: do not set TORCHREC_ASCEND_AUTOLOAD=0"
+    lines = healthy.text.splitlines()
+    for status in registry.report():
+        assert f"  {status.state.value:<8} {status.patch.name}  [requires" in "\n".join(lines), status.patch.name
+    assert f"Patches ({len(registry.report())} applied):" in healthy.text
+
+
+def test_shows_versions_backend_requirements_and_plugins(healthy: doctor.Diagnosis) -> None:
+    text = healthy.text
+    assert "torchrec          1.8.0" in text
+    assert f"Device backend: {backends.active().name} (requested: auto)" in text
+    assert "Autoload: active" in text
+    assert re.search(r"fbgemm-gpu\|fbgemm-gpu-cpu +>=1\.8\.0,<1\.9 +fbgemm-gpu-cpu 1\.8\.0 +ok", text)
+    assert re.search(r"torchrec +>=1\.8\.0,<1\.9 +torchrec 1\.8\.0 +ok", text)
+    for info in get_plugin_manager().plugins():
+        assert info.name in text
+    assert text.rstrip().endswith("Errors: none")
+
+
+def test_fits_100_columns(healthy: doctor.Diagnosis) -> None:
+    too_wide = [line for line in healthy.text.splitlines() if len(line) > doctor.WIDTH]
+    assert too_wide == []
+
+
+def test_exit_status_follows_the_problems(
+    healthy: doctor.Diagnosis, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    assert healthy.problems == []
+    assert doctor.run(argparse.Namespace()) == 0
+    monkeypatch.setattr(autoload.STATUS, "state", "error")
+    monkeypatch.setattr(autoload.STATUS, "detail", "autoload: OSError: simulated")
+    assert doctor.run(argparse.Namespace()) == 1
+    assert "Errors:\n  autoload: autoload: OSError: simulated" in capsys.readouterr().out
