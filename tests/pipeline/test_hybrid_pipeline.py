@@ -33,6 +33,8 @@ RAISES = [
     {"where": "load", "at": 0, "depth": 3, "stage": "LOAD"},
     {"where": "copy", "at": 2, "depth": 6, "stage": "COPY2DEVICE"},
     {"where": "split", "at": 3, "depth": 3, "stage": "SPLIT"},
+    {"where": "split", "at": 0, "depth": 3, "stage": "SPLIT"},  # while the model is being rewritten
+    {"where": "prefetch", "at": 0, "depth": 6, "stage": "POST_INPUT"},
     {"where": "prefetch", "at": 5, "depth": 12, "stage": "POST_INPUT"},
     {"where": "compute", "at": 2, "depth": 3, "stage": "COMPUTE"},
 ]

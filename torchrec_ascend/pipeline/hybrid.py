@@ -131,7 +131,7 @@ class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
         pipeline = HybridTrainPipelineSparseDist(dmp, dense_optimizer, torch.device("cpu"), pipe_n_batch=6)
         batches = iter(loader)
         for _ in range(steps):
-            losses, output = pipeline.progress(batches)
+            output = pipeline.progress(batches)
     """
 
     _pipelined_forward_type = PrefetchPipelinedForward
@@ -216,7 +216,8 @@ class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
 
     def attach(self, model: Optional[torch.nn.Module] = None, sparse_dist: bool = True) -> None:
         """Re-attach after :meth:`detach` (``progress`` does it by itself); ``sparse_dist`` is ignored."""
-        self._resources.stop_threads()
+        if self._model_attached:
+            self.detach()  # rewriting an already rewritten model would lose its original forwards
         if model is not None:
             self._model = model
         self._model_attached = True
@@ -231,9 +232,22 @@ class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
 
     def _pipeline_model(self, batch: Any, context: Any, pipelined_forward: Any = PrefetchPipelinedForward) -> None:
         # TorchRec's rewrite (which also starts this batch's input dist on the model's groups), then move the
-        # pipelined input dists onto their mirror groups for every later batch.
-        super()._pipeline_model(batch, context, pipelined_forward)
-        self._resources.groups.retarget(self._pipelined_modules)
+        # pipelined input dists onto their mirror groups for every later batch. If any of it fails, the model gets
+        # its forwards back: lanes must never run input dists that were not rewritten (they would issue
+        # collectives on the model's groups from a host thread).
+        self._original_kjt_dist_forwards = []  # set again by TorchRec's rewrite once it finishes
+        try:
+            super()._pipeline_model(batch, context, pipelined_forward)
+            self._resources.groups.retarget(self._pipelined_modules)
+        except BaseException:
+            if self._original_kjt_dist_forwards:  # the rewrite finished: undo it as detach() does
+                super().detach()
+                self._model_attached = True
+            else:
+                for module, forward in zip(self._pipelined_modules, self._original_forwards):
+                    module.forward = forward
+            self._pipelined_modules = []
+            raise
 
     def _rewire(self) -> None:
         """Rewrite the model. The first time, the first batch goes through its host stages on this thread."""
@@ -249,10 +263,10 @@ class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
         if item is None:
             raise StopIteration
         self._inline(Stage.COPY2DEVICE, index, lambda: host_stages.copy_to_device(item, self._device, self._streams))
-        self._trace_batch = item.batch
         self._inline(
             Stage.SPLIT, index, lambda: self._pipeline_model(item.batch, item.context, self._pipelined_forward_type)
         )
+        self._trace_batch = item.batch
         self._inline(Stage.FIRST_ALL2ALL, index, lambda: input_dist.wait_splits(item.context))
         modules, here = self._pipelined_modules, ModuleWorkers(1, "")  # 1 thread: runs on the caller's
         self._inline(Stage.SECOND_ALL2ALL, index, lambda: input_dist.wait_tensors(modules, item.context, here))
