@@ -196,7 +196,7 @@ def main() -> int:
     parser.add_argument("--device-ms", type=float, nargs="+", default=[0.0, 8.0],
                         help="emulated accelerator ms per step; one benchmark per value")
     parser.add_argument("--depths", type=int, nargs="+", default=[1, 3, 6])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--tables", type=int, default=4)
