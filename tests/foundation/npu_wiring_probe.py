@@ -119,14 +119,14 @@ def model_copy() -> Dict[str, Any]:
 
     classes = process_group.no_copy_classes()
     stream, hccl = torch.npu.Stream(priority=-1), ProcessGroupHCCL()
-    before = {cls: cls.__dict__.get("__deepcopy__") for cls in classes}
+    before = {cls: cls.__dict__.get("__deepcopy__", "absent") for cls in classes}
     with sharded_model_copy(device=None):
         copied = copy.deepcopy({"stream": stream, "pg": hccl})
     return {
         "no_copy": sorted(f"{c.__module__}.{c.__qualname__}" for c in classes),
         "stream_shared": copied["stream"] is stream,
         "pg_shared": copied["pg"] is hccl,
-        "classes_restored": {cls: cls.__dict__.get("__deepcopy__") for cls in classes} == before,
+        "classes_restored": {cls: cls.__dict__.get("__deepcopy__", "absent") for cls in classes} == before,
     }
 
 

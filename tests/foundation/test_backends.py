@@ -64,11 +64,10 @@ def test_override_wins_over_auto(
     assert backends.active().name == "cpu", "activation happens once"
 
 
-def test_auto_on_this_machine_is_cpu(fresh_backend_selection: None) -> None:
+def test_auto_picks_the_best_builtin_present_here(fresh_backend_selection: None) -> None:
     present = [p for p in backends.profiles().values() if p.detect()]
-    expected = max(present, key=lambda p: p.priority)
-    assert backends.activate() is expected
-    assert expected.name == "cpu", "no accelerator here: the test machine must select cpu"
+    assert backends.profiles()["cpu"] in present, "cpu is always present"
+    assert backends.activate() is max(present, key=lambda p: p.priority)
 
 
 def test_unknown_backend_lists_the_valid_names(fresh_backend_selection: None, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import re
+from types import ModuleType
+from typing import Callable
 
 import pytest
 
 from torchrec_ascend import backends
 from torchrec_ascend.cli import doctor
 from torchrec_ascend.injection import autoload
+from torchrec_ascend.injection.patch import Patch
+from torchrec_ascend.injection.registry import PatchRegistry
 from torchrec_ascend.plugin_manager import get_plugin_manager
 
 
@@ -57,3 +61,20 @@ def test_exit_status_follows_the_problems(
     monkeypatch.setattr(autoload.STATUS, "detail", "autoload: OSError: simulated")
     assert doctor.run(argparse.Namespace()) == 1
     assert "Errors:\n  autoload: autoload: OSError: simulated" in capsys.readouterr().out
+
+
+def test_unsupported_versions_show_as_skipped_and_fail(
+    new_target_module: Callable[[], ModuleType], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A registry whose patch needs a TorchRec that is not installed: skipped, flagged, exit status 1."""
+    module = new_target_module()
+    future = Patch.wrap("t.future_torchrec", f"{module.__name__}:f0", {"torchrec": ">=9.0"}, "needs 9.0", lambda f: f)
+    registry = PatchRegistry([future])
+    with pytest.warns(RuntimeWarning, match="torchrec 1.8.0 is outside the supported range >=9.0"):
+        registry.apply()
+    monkeypatch.setattr(autoload, "registry", lambda: registry)
+    diagnosis = doctor.diagnose()
+    assert re.search(r"torchrec +>=9\.0 +torchrec 1\.8\.0 +UNSUPPORTED", diagnosis.text)
+    assert "  skipped  t.future_torchrec  [requires torchrec]" in diagnosis.text
+    assert diagnosis.problems == ["1 patches skipped: torchrec 1.8.0 is outside the supported range >=9.0"]
+    assert module.f0() == "f0"

@@ -93,7 +93,7 @@ def test_granted_rule(own: List[str], reference: List[str], declared: List[str],
 
 def test_planning_profile_on_a_cpu_host() -> None:
     assert sharding_allowlist.planning_profile("cuda").name == "cuda", "no active backend plans as cuda here"
-    assert sharding_allowlist.planning_profile("cpu") is backends.active()
+    assert sharding_allowlist.planning_profile("cpu") is backends.profile_for("cpu")
     assert sharding_allowlist.planning_profile("mtia") is None
 
 
@@ -144,7 +144,7 @@ def test_model_copy_shares_process_groups_and_restores_every_class() -> None:
     from torchrec.distributed.utils import sharded_model_copy
 
     classes = [torch.Tensor, torch.nn.Parameter] + process_group.no_copy_classes()
-    before = {cls: cls.__dict__.get("__deepcopy__") for cls in classes}
+    before = {cls: cls.__dict__.get("__deepcopy__", "absent") for cls in classes}
     gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
     assert type(gloo) in classes, "the cpu profile declares the gloo backend class"
     tensor = torch.arange(3.0)
@@ -152,7 +152,7 @@ def test_model_copy_shares_process_groups_and_restores_every_class() -> None:
         copied = copy.deepcopy({"pg": gloo, "t": tensor})
     assert copied["pg"] is gloo
     assert copied["t"] is not tensor and torch.equal(copied["t"], tensor)
-    assert {cls: cls.__dict__.get("__deepcopy__") for cls in classes} == before
+    assert {cls: cls.__dict__.get("__deepcopy__", "absent") for cls in classes} == before
 
 
 def test_loaded_object_imports_nothing() -> None:
@@ -193,7 +193,11 @@ def _shards(plan: Any) -> List[str]:
 
 
 def test_explicit_plans_on_cpu_are_unchanged() -> None:
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise
+    from torchrec.distributed import sharding_plan
+    from torchrec.distributed.planner import planners
 
-    plan = construct_module_sharding_plan(tables(1), {"t0": row_wise()}, world_size=2, local_size=2)
-    assert _shards(plan["t0"]) == ["rank:0/cpu", "rank:1/cpu"], "default device: the active backend's"
+    plan = sharding_plan.construct_module_sharding_plan(
+        tables(1), {"t0": sharding_plan.row_wise()}, world_size=2, local_size=2, device_type="cpu"
+    )
+    assert _shards(plan["t0"]) == ["rank:0/cpu", "rank:1/cpu"]
+    assert sharding_plan.get_device_type() == planners.get_device_type() == backends.active().device_type
