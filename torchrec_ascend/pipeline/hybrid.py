@@ -29,8 +29,10 @@ Design:
 * Failures: a stage that raises on batch ``k`` makes ``progress`` raise :class:`PipelineStageError` (stage, batch
   index, cause) when batch ``k`` would have been computed; batches before ``k`` train normally. Lanes skip every
   batch after a failed one, so ranks that fail alike stop issuing collectives at the same batch. Threads are joined
-  on a failure, at the end of the data, on ``detach()`` and when the pipeline is garbage-collected; the mirror
-  groups are destroyed on collection.
+  (after the batches already submitted finish or are skipped; nothing is cancelled, since which queued batch a
+  cancellation catches would differ between ranks) when a host stage fails, at the end of the data, on
+  ``detach()`` and when the pipeline is garbage-collected; the mirror groups are destroyed on collection. A
+  COMPUTE failure keeps the batches behind it in flight, so training can go on past a bad batch.
 
 Example::
 
