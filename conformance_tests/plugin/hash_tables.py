@@ -16,6 +16,7 @@ every ID's final row (gathered from all shards) to each oracle.
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import json
 import sys
@@ -43,6 +44,7 @@ TABLES = [("user", 64, 3), ("item", 48, 5)]  # name, capacity, init seed
 IDS_PER_FEATURE = 24  # distinct IDs each feature draws from (fits every shard's capacity)
 BATCH, STEPS, MAX_LEN, LR, EPS = 4, 8, 3, 0.1, 1e-8
 INIT = (-0.25, 0.25)
+COLLECTIVE_TIMEOUT_S = 120
 
 
 def make_module(kind: str) -> torch.nn.Module:
@@ -303,13 +305,15 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    # A rank that fails mid-case leaves the others in a collective: time out instead of hanging.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     pg = dist.group.WORLD
     results = []
     for case in json.loads(args.cases):
         try:
             result = {**case, **run_case(case, pg), "error": ""}
         except Exception as err:
+            traceback.print_exc()  # now: the other ranks may be stuck in a collective until the timeout
             result = {**case, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
         gathered: List[Any] = [None] * pg.size()
         dist.all_gather_object(gathered, result, group=pg)

@@ -21,6 +21,7 @@ no-op cannot pass) and ``error`` (the exception text if the case raised).
 from __future__ import annotations
 
 import argparse
+import datetime
 import copy
 import gc
 import json
@@ -46,6 +47,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 DIM = 16  # every table's dim; column-wise types split it into 8-wide shards
 TABLES = [("t0", 40, DIM), ("t1", 48, DIM), ("t2", 32, DIM)]  # name, rows, dim
 BATCH, STEPS, MAX_LEN, LR = 4, 3, 3, 0.1
+COLLECTIVE_TIMEOUT_S = 120
 OPTIMIZERS = {
     "sgd": (torch.optim.SGD, {"lr": LR}),
     "adagrad": (torch.optim.Adagrad, {"lr": LR, "eps": 1e-8}),  # fbgemm's eps; torch defaults to 1e-10
@@ -370,7 +372,8 @@ def main() -> int:
     parser.add_argument("--out", required=True, help="where rank 0 writes the JSON results")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    # A rank that fails mid-case leaves the others in a collective: time out instead of hanging.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     pg = dist.group.WORLD
     results = []
     for case in json.loads(args.cases):

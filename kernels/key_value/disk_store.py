@@ -192,6 +192,10 @@ class DiskStore:
         self._point(slots, segments, offsets)
         self._version += 1
 
+    def contains(self, keys: torch.Tensor) -> torch.Tensor:
+        """Bool ``[n]``: which keys the store holds (nothing is read)."""
+        return self._index.lookup(check_keys(keys, self.where)) >= 0
+
     def get(self, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Read rows.
 

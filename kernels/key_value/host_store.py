@@ -199,6 +199,14 @@ class HostStore:
         self._stamp[hit_slots] = self._clock
         return rows, found
 
+    def contains(self, keys: torch.Tensor) -> torch.Tensor:
+        """Bool ``[n]``: which keys either tier holds (nothing is read or moved)."""
+        keys = check_keys(keys, self.where)
+        found = self._index.lookup(keys) >= 0
+        if self.spill is not None and not bool(found.all()):
+            found |= self.spill.contains(keys)
+        return found
+
     def pop(self, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Read rows and remove them from the store (both tiers); repeated keys all get the row.
 

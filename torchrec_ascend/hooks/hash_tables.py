@@ -154,6 +154,12 @@ def _pre_load(original: Callable[..., None]) -> Callable[..., None]:
         for key in [k for k in state_dict if k.startswith(prefix) and ".slots." in k]:
             del state_dict[key]
         original(self, state_dict, prefix, *args)
+        # A KEY_VALUE table's rows live in its tiers, not in a tensor of the table's shape: stock loading skips them.
+        for table, sharding in getattr(self, "module_sharding_plan", {}).items():
+            for key in (f"{prefix}embeddings.{table}.weight", f"{prefix}embedding_bags.{table}.weight"):
+                if sharding.compute_kernel == "key_value" and key in state_dict:
+                    del state_dict[key]
+                    self._skip_missing_weight_key.append(key)
 
     return _pre_load_state_dict_hook
 
@@ -209,14 +215,14 @@ PATCHES = [
         name="hash.ebc_unsharded_copy",
         target=f"{_EBC}._pre_load_state_dict_hook",
         requires=TORCHREC_1_8,
-        reason="sharding copies the unsharded state; an unsharded ID map does not apply to hash-placed shards",
+        reason="stock loading must skip ID maps (not valid across layouts) and KEY_VALUE rows (kept in tiers)",
         wrapper=_pre_load,
     ),
     Patch.wrap(
         name="hash.ec_unsharded_copy",
         target=f"{_EC}._pre_load_state_dict_hook",
         requires=TORCHREC_1_8,
-        reason="sharding copies the unsharded state; an unsharded ID map does not apply to hash-placed shards",
+        reason="stock loading must skip ID maps (not valid across layouts) and KEY_VALUE rows (kept in tiers)",
         wrapper=_pre_load,
     ),
     Patch.wrap(

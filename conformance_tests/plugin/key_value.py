@@ -1,0 +1,156 @@
+"""KEY_VALUE transparency: a tiny device cache over host memory over disk trains bit for bit like FUSED.
+
+Run with torchrun (``conformance_tests/launch.py``), any world size; each case is
+``{"kind": "ebc"|"ec", "sharding_type": ..., "optimizer": ..., "steps": N, "cache_rows": R, "host_kb": K}``.
+Two copies of the same hash-table model train on the same batches: one FUSED (every row in the TBE), one KEY_VALUE
+with ``R`` cache rows per shard and a host budget of ``K`` KiB spilling to disk. Reported: the largest forward
+difference over all steps and the largest final row difference (both must be exactly 0), and the cache counters
+(evictions, rows swapped out and in, rows on disk) so a case that never swapped cannot pass unnoticed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import sys
+import tempfile
+import traceback
+from typing import Any, Dict, List
+
+import torch
+import torch.distributed as dist
+import torchrec
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
+from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, max_row_diff, rows_of, sharded_rows
+from torchrec_ascend.kernels.key_value import cache_metrics
+
+DIM = 8
+TABLES = [("user", 1024, 3), ("item", 1024, 5)]  # name, capacity (FUSED must hold every ID), init seed
+POOL = 400  # distinct IDs per feature: several times the cache
+BATCH, MAX_LEN = 8, 3  # a row-wise shard sees at most 2 * 8 * 3 = 48 IDs per table per batch
+COLLECTIVE_TIMEOUT_S = 120
+
+
+def make_module(kind: str) -> torch.nn.Module:
+    if kind == "ec":
+        return torchrec.EmbeddingCollection(tables=[
+            HashEmbeddingConfig(name=n, num_embeddings=c, embedding_dim=DIM, feature_names=[f"f_{n}"], init_seed=s)
+            for n, c, s in TABLES
+        ])
+    return torchrec.EmbeddingBagCollection(tables=[
+        HashEmbeddingBagConfig(name=n, num_embeddings=c, embedding_dim=DIM, feature_names=[f"f_{n}"], init_seed=s)
+        for n, c, s in TABLES
+    ])
+
+
+def make_batch(step: int, rank: int) -> KeyedJaggedTensor:
+    gen = torch.Generator().manual_seed(7919 * step + rank)
+    lengths = torch.randint(0, MAX_LEN + 1, (len(TABLES) * BATCH,), generator=gen)
+    values = []
+    for t in range(len(TABLES)):
+        n = int(lengths[t * BATCH:(t + 1) * BATCH].sum())
+        hot = torch.randint(0, POOL // 8, (n,), generator=gen)  # a hot set and a long tail, like real traffic
+        tail = torch.randint(0, POOL, (n,), generator=gen)
+        picks = torch.where(torch.rand(n, generator=gen) < 0.5, hot, tail)
+        values.append(picks * 1_000_003 + t * 2**40)  # spread-out raw IDs
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=[f"f_{n}" for n, _, _ in TABLES], values=torch.cat(values), lengths=lengths
+    )
+
+
+def shard(module: torch.nn.Module, case: Dict[str, Any], key_value: bool, pg: Any, directory: str) -> Any:
+    world = pg.size()
+    constraints = {}
+    for name, capacity, _ in TABLES:
+        shard_rows = capacity // world if case["sharding_type"] == "row_wise" else capacity
+        constraints[name] = ParameterConstraints(
+            sharding_types=[case["sharding_type"]],
+            compute_kernels=["key_value" if key_value else "fused"],
+            cache_params=CacheParams(load_factor=case["cache_rows"] / shard_rows) if key_value else None,
+            key_value_params=KeyValueParams(
+                l2_cache_size=case["host_kb"] / 1024**2, ssd_storage_directory=directory
+            ) if key_value else None,
+        )
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"),
+                                       constraints=constraints)
+    sharders = get_default_hybrid_sharders()
+    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"),
+                                    plan=planner.plan(module, sharders), sharders=sharders)
+
+
+def build(case: Dict[str, Any], key_value: bool, pg: Any, directory: str) -> Any:
+    module = make_module(case["kind"])
+    lookups = module.embeddings if case["kind"] == "ec" else module.embedding_bags
+    cls, kwargs = OPTIMIZERS[case["optimizer"]]
+    apply_optimizer_in_backward(cls, [lookup.weight for lookup in lookups.values()], dict(kwargs))
+    return shard(module, case, key_value, pg, directory)
+
+
+def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
+    rank, kind = pg.rank(), case["kind"]
+    with tempfile.TemporaryDirectory(prefix="kv_disk_") as directory:
+        fused = build(case, key_value=False, pg=pg, directory=directory)
+        cached = build(case, key_value=True, pg=pg, directory=directory)
+        fwd_err = 0.0
+        for step in range(case["steps"]):
+            batch = make_batch(step, rank)
+            outs = []
+            for model in (fused, cached):
+                out = torch.cat(rows_of(kind, model(batch), batch), dim=1 if kind == "ebc" else 0)
+                gen = torch.Generator().manual_seed(step * 31 + rank)
+                (out * torch.randn(out.shape, generator=gen)).sum().backward()
+                outs.append(out.detach())
+            fwd_err = max(fwd_err, (outs[0] - outs[1]).abs().max().item() if outs[0].numel() else 0.0)
+        row_err = max_row_diff(sharded_rows(fused, pg), sharded_rows(cached, pg))
+        metrics = cache_metrics(cached)
+        totals = {k: sum(m[k] for m in metrics.values()) for k in ("evicted", "swapped_out", "swapped_in", "disk_rows")}
+        del fused, cached
+        gc.collect()
+    return {"fwd_err": fwd_err, "row_err": row_err, **totals}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    # A rank that fails mid-case leaves the others in a collective: time out instead of hanging.
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    pg = dist.group.WORLD
+    results: List[Dict[str, Any]] = []
+    for case in json.loads(args.cases):
+        try:
+            result = {**case, **run_case(case, pg), "error": ""}
+        except Exception as err:
+            traceback.print_exc()  # now: the other ranks may be stuck in a collective until the timeout
+            result = {**case, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        gathered: List[Any] = [None] * pg.size()
+        dist.all_gather_object(gathered, result, group=pg)
+        merged = dict(gathered[0])
+        merged["error"] = "; ".join(sorted({g["error"] for g in gathered if g["error"]}))
+        for key in ("fwd_err", "row_err"):
+            values = [g[key] for g in gathered if key in g]
+            merged[key] = max(values) if values else None
+        for key in ("evicted", "swapped_out", "swapped_in", "disk_rows"):
+            merged[key] = sum(g.get(key, 0) for g in gathered)
+        results.append(merged)
+        gc.collect()
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump({"info": {}, "results": results}, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,292 @@
+"""The KEY_VALUE kernels: a device cache of hot rows over a host store over a disk store.
+
+The device cache is an fbgemm TBE with a fixed number of rows (TorchRec's ``CacheParams(load_factor=...)`` of the
+shard's rows; the only part on the accelerator), trained exactly as the FUSED kernel trains its table: the optimizer
+runs inside backward on the cached rows. A :class:`~torchrec_ascend.hash.slot_table.SlotTable` per table decides
+which rows are cached; per batch it produces the swap plan (keys in, keys out, rows) with vectorized ops:
+
+* rows leaving the cache (chosen by the table's eviction policy, never rows of the batches in flight) are written
+  back, weights and optimizer state together, to the :class:`HostStore`, which spills to the :class:`DiskStore`
+  beyond its byte budget;
+* rows entering it are taken from those stores, or, for an ID never seen, initialised as a function of (seed, ID,
+  column) with zero optimizer state (the admission policy may refuse a new ID: it then reads the not-admitted vector
+  and keeps no state).
+
+No row is ever lost, and a row's bytes go down and come back unchanged, so a KEY_VALUE table with a tiny cache
+trains bit for bit like a FUSED table holding every row. Plain (non-hash) tables work the same way, keyed by row
+index (initialised from the global row index).
+
+Sizes, set the way TorchRec users set them (``ParameterConstraints``):
+
+* ``cache_params=CacheParams(load_factor=f)``: cache rows = ``ceil(f * shard rows)`` (default 0.2), at least 2;
+* ``key_value_params=KeyValueParams(l2_cache_size=GB, ssd_storage_directory=DIR)``: the host budget in GB (fractional
+  values allowed; default unbounded) and the directory of the disk tier (default: none, so an exhausted host budget
+  is an error naming the table). Each rank and table gets its own subdirectory.
+
+TorchRec's stock ``state_dict`` of a KEY_VALUE table holds a zero-cost placeholder of the table's shape (the rows live
+in three tiers); :func:`cache_metrics` reports what is where, and the checkpoint ``Saver`` saves and loads the rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any, Dict, List, Optional
+
+import torch
+from torchrec.distributed.batched_embedding_kernel import BatchedFusedEmbedding, BatchedFusedEmbeddingBag
+from torchrec.distributed.embedding_kernel import get_state_dict
+from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
+from torchrec.distributed.types import KeyValueParams
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, hash_spec_of
+from torchrec_ascend.hash.slot_table import Assignment
+from torchrec_ascend.kernels.fused import HashRows
+from torchrec_ascend.kernels.key_value.disk_store import DiskStore
+from torchrec_ascend.kernels.key_value.host_store import HostStore
+from torchrec_ascend.kernels.walk import sharded_kernels
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LOAD_FACTOR = 0.2
+# Keys TorchRec merges into fused_params for key_value tables that fbgemm's TBE does not take.
+_NOT_TBE_PARAMS = {f.name for f in KeyValueParams.__dataclass_fields__.values()} | {FUSED_PARAMS_KEY}
+
+
+def cache_rows(local_rows: int, load_factor: Optional[float]) -> int:
+    """Device-cache rows for a shard of ``local_rows`` rows (one of them reserved for the not-admitted vector)."""
+    factor = DEFAULT_LOAD_FACTOR if load_factor is None else load_factor
+    if not 0.0 < factor <= 1.0:
+        raise ConfigError(f"key_value: CacheParams(load_factor={factor}) must be in (0, 1]")
+    return min(local_rows, max(2, math.ceil(factor * local_rows)))
+
+
+def _cache_table(table: Any, load_factor: Optional[float]) -> Any:
+    """A sharded table as the cache sees it: every row block shrunk to its cache size, offsets recomputed.
+
+    TorchRec's fused optimizer wraps the TBE's (cache-sized) weights and states in ShardedTensors checked against
+    the table's metadata, so the metadata must describe the cache consistently on every rank.
+    """
+    import dataclasses
+
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata
+
+    shards = table.global_metadata.shards_metadata
+    blocks = sorted({(s.shard_offsets[0], s.shard_sizes[0]) for s in shards})
+    rows = {offset: cache_rows(size, load_factor) for offset, size in blocks}
+    offsets, total = {}, 0
+    for offset, _ in blocks:
+        offsets[offset], total = total, total + rows[offset]
+
+    def remap(s: ShardMetadata) -> ShardMetadata:
+        row0, col0 = s.shard_offsets
+        return ShardMetadata(shard_offsets=[offsets[row0], col0], shard_sizes=[rows[row0], s.shard_sizes[1]],
+                             placement=s.placement)
+
+    metadata = ShardedTensorMetadata(
+        shards_metadata=[remap(s) for s in shards],
+        size=torch.Size([total, table.global_metadata.size[1]]),
+        tensor_properties=table.global_metadata.tensor_properties,
+    )
+    return dataclasses.replace(
+        table, local_rows=rows[table.local_metadata.shard_offsets[0]], num_embeddings=total,
+        local_metadata=remap(table.local_metadata), global_metadata=metadata,
+    )
+
+
+def _cache_config(config: GroupedEmbeddingConfig) -> GroupedEmbeddingConfig:
+    """The grouped config as the TBE must see it: cache-sized tables, no key-value-only parameters."""
+    import dataclasses
+
+    load_factor = (config.fused_params or {}).get("cache_load_factor")
+    fused = {k: v for k, v in (config.fused_params or {}).items() if k not in _NOT_TBE_PARAMS}
+    tables = [_cache_table(t, load_factor) for t in config.embedding_tables]
+    return dataclasses.replace(config, embedding_tables=tables, fused_params=fused)
+
+
+def zeros_without_memory(rows: int, cols: int) -> torch.Tensor:
+    """A contiguous float32 ``[rows, cols]`` of zeros that costs no memory until written (a private map of a
+    sparse, already unlinked file: pages are materialised on touch only)."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix="torchrec_ascend_placeholder_")
+    try:
+        os.ftruncate(fd, max(1, rows * cols) * 4)
+        return torch.from_file(path, shared=False, size=rows * cols, dtype=torch.float32).view(rows, cols)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+class KeyValueRows(HashRows):
+    """Mixin: the FUSED hash machinery with rows swapped to and from a host store instead of dropped."""
+
+    def _init_key_value(self, config: GroupedEmbeddingConfig) -> None:
+        """Set up slot tables and stores; ``config`` is the shard's own (not cache-sized) grouped config."""
+        params = config.fused_params or {}
+        self._is_hash = [hash_spec_of(t) is not None for t in config.embedding_tables]
+        self._shard_tables = config.embedding_tables
+        self._shard_rows = [t.local_rows for t in config.embedding_tables]
+        self._key_offsets = [t.local_metadata.shard_offsets[0] for t in config.embedding_tables]
+        shard_rows = self._shard_rows
+        self._init_hash_rows(config, self._local_rows, ["evict"] * len(shard_rows))  # type: ignore[attr-defined]
+        budget_gb = params.get("l2_cache_size")
+        directory = params.get("ssd_storage_directory")
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        self._stores: List[HostStore] = []
+        for t, table in enumerate(config.embedding_tables):
+            width = self._local_cols[t] + self._state_width(t)  # type: ignore[attr-defined]
+            disk = (
+                DiskStore(os.path.join(directory, f"rank{rank}"), width, name=table.name)
+                if directory
+                else None
+            )
+            budget = int(budget_gb * 1024**3) if budget_gb is not None else 1 << 62
+            self._stores.append(HostStore(width, torch.float32, budget_bytes=budget, spill=disk, name=table.name))
+        self._swaps = [dict.fromkeys(("swapped_in", "swapped_out", "initialised"), 0) for _ in shard_rows]
+        self._log_every = int(os.environ.get("TORCHREC_ASCEND_METRICS_EVERY", "1000"))
+        self._batches = 0
+
+    def _state_width(self, t: int) -> int:
+        return sum(s.shape[1] if s.dim() == 2 else 1 for s in self._pool_states(t))
+
+    def _pack(self, t: int, slots: torch.Tensor) -> torch.Tensor:
+        parts = [self._pool_weights(t)[slots]]
+        parts += [s[slots].view(slots.numel(), -1) for s in self._pool_states(t)]
+        return torch.cat(parts, dim=1)
+
+    def _unpack(self, t: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        cols = self._local_cols[t]  # type: ignore[attr-defined]
+        with torch.no_grad():
+            self._pool_weights(t)[slots] = rows[:, :cols]
+            start = cols
+            for state in self._pool_states(t):
+                width = state.shape[1] if state.dim() == 2 else 1
+                state[slots] = rows[:, start:start + width].view((-1,) + tuple(state.shape[1:]))
+                start += width
+
+    def _rows_left(self, t: int, assignment: Assignment) -> None:
+        self._stores[t].put(assignment.evicted_ids, self._pack(t, assignment.evicted_slots))
+        self._swaps[t]["swapped_out"] += assignment.evicted_ids.numel()
+
+    def _rows_arrived(self, t: int, assignment: Assignment) -> None:
+        rows, found = self._stores[t].pop(assignment.new_ids)
+        fresh = ~found
+        if bool(fresh.any()):
+            keys = assignment.new_ids[fresh]
+            if not self._is_hash[t]:
+                keys = keys + self._key_offsets[t]  # plain tables: initialised from the global row
+            rows[fresh] = 0.0
+            rows[fresh, : self._local_cols[t]] = self.initial_rows(t, keys)  # type: ignore[attr-defined]
+        self._unpack(t, assignment.new_slots, rows)
+        self._swaps[t]["swapped_in"] += int(found.sum())
+        self._swaps[t]["initialised"] += int(fresh.sum())
+
+    def export_rows(self, t: int) -> Any:
+        """Every ID of table ``t``'s shard in any tier, its row (this shard's columns) and the first column."""
+        ids, rows, col0 = super().export_rows(t)
+        cols = self._local_cols[t]  # type: ignore[attr-defined]
+        parts = [(ids, rows)] + [(k, r[:, :cols]) for k, r in self._stores[t].chunks()]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), col0
+
+    def map_ids(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        self._check_plain_ranges(features)
+        mapped = super().map_ids(features)
+        self._batches += 1
+        if self._log_every and self._batches % self._log_every == 0:
+            logger.info("key_value cache metrics after %d batches: %s", self._batches, self.cache_stats())
+        return mapped
+
+    def _check_plain_ranges(self, features: KeyedJaggedTensor) -> None:
+        if all(self._is_hash):
+            return
+        for i, ids in enumerate(torch.split(features.values(), features.length_per_key())):
+            t = self._feature_table_map[i]  # type: ignore[attr-defined]
+            if not self._is_hash[t] and ids.numel() and int(ids.max()) >= self._shard_rows[t]:
+                raise ValueError(
+                    f"table {self._table_names[t]!r}, feature {self._feature_names[i]!r}: row {int(ids.max())} is out "
+                    f"of range for a shard of {self._shard_rows[t]} rows (num_embeddings too small for the IDs?)"
+                )
+
+    def cache_stats(self) -> Dict[str, Dict[str, int]]:
+        """Per table: cache hits/lookups, rows swapped in/out, evictions, admitted/rejected, rows and bytes per tier."""
+        out = {}
+        for t, name in enumerate(self._table_names):
+            slot = self._slot_tables[t].stats()
+            store = self._stores[t].stats()
+            out[name] = {
+                **slot,
+                **self._swaps[t],
+                "cache_rows": slot["capacity"],
+                "cache_bytes": (slot["capacity"] + 1) * self._stores[t].row_bytes,
+                **{k: v for k, v in store.items() if isinstance(v, int)},
+            }
+        return out
+
+    def flush(self) -> None:
+        """Nothing to flush: rows in the cache are the current ones; stores hold the rest."""
+
+    def close(self) -> None:
+        """Release the host and disk tiers (removes the disk files)."""
+        for store in self._stores:
+            store.close()
+
+    def state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Dict[str, Any]:
+        # TorchRec builds each table's ShardedTensor from this once, at sharding time: give it the shard's shape
+        # without memory (the rows live in three tiers; the checkpoint Saver saves them).
+        placeholders = [
+            zeros_without_memory(rows, cols)
+            for rows, cols in zip(self._shard_rows, self._local_cols)  # type: ignore[attr-defined]
+        ]
+        return get_state_dict(self._shard_tables, placeholders, self._pg, destination, prefix)  # type: ignore
+
+
+class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
+    """KEY_VALUE kernel of EmbeddingBagCollection tables (hash or plain); see the module docstring.
+
+    Example::
+
+        ParameterConstraints(compute_kernels=["key_value"], cache_params=CacheParams(load_factor=0.1),
+                             key_value_params=KeyValueParams(l2_cache_size=4, ssd_storage_directory="/ssd"))
+    """
+
+    def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None,
+                 sharding_type: Any = None, env: Any = None) -> None:
+        super().__init__(_cache_config(config), pg, device, sharding_type, env)
+        self._init_key_value(config)
+
+    def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return BatchedFusedEmbeddingBag.forward(self, self.map_ids(features), *args, **kwargs)
+
+
+class KeyValueEmbedding(KeyValueRows, BatchedFusedEmbedding):
+    """KEY_VALUE kernel of EmbeddingCollection tables (hash or plain); see the module docstring."""
+
+    def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None, env: Any = None) -> None:
+        super().__init__(_cache_config(config), pg, device)
+        self._init_key_value(config)
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        return BatchedFusedEmbedding.forward(self, self.map_ids(features))
+
+
+def cache_metrics(model: torch.nn.Module) -> Dict[str, Dict[str, int]]:
+    """Per-table KEY_VALUE metrics of a sharded model on this rank (see :meth:`KeyValueRows.cache_stats`).
+
+    Example::
+
+        stats = cache_metrics(dmp)["item"]
+        hit_rate = stats["hits"] / max(1, stats["lookups"])
+    """
+    out: Dict[str, Dict[str, int]] = {}
+    for kernel in sharded_kernels(model):
+        if isinstance(kernel, KeyValueRows):
+            out.update(kernel.cache_stats())
+    return out
+
+
+__all__ = ["KeyValueEmbedding", "KeyValueEmbeddingBag", "KeyValueRows", "cache_metrics", "cache_rows"]
