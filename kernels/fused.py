@@ -13,16 +13,21 @@ that arrive (loaded from host memory instead of initialised) and leave (written 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Tuple
+import itertools
+import math
+from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 from torchrec.distributed.batched_embedding_kernel import BatchedFusedEmbedding, BatchedFusedEmbeddingBag
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, HashTableSpec, hash_spec_of
 from torchrec_ascend.hash.slot_table import Assignment, SlotTable
 from torchrec_ascend.kernels import ops
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
 
 
 def without_hash_params(config: GroupedEmbeddingConfig) -> GroupedEmbeddingConfig:
@@ -46,6 +51,55 @@ def with_values(features: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJagge
     )
 
 
+@dataclasses.dataclass
+class ShardRows:
+    """A block of one table shard's records, as checkpoints carry them.
+
+    Attributes:
+        ids: int64 ``[n]``, the keys the slot table holds: raw IDs (hash tables) or row indices within the shard
+            (plain KEY_VALUE tables).
+        slots: int64 ``[n]``, each ID's pool row, ``-1`` for rows held in a lower tier (KEY_VALUE host or disk).
+        last_used: int64 ``[n]``, the step each pooled ID was last used at (0 for lower-tier rows).
+        rows: ``[n, cols + optimizer state width]``, weights then optimizer states (:meth:`HashRows.pack_rows`).
+    """
+
+    ids: torch.Tensor
+    slots: torch.Tensor
+    last_used: torch.Tensor
+    rows: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """What a checkpoint records about one table shard of a kernel.
+
+    Attributes:
+        name: the table's name.
+        table: TorchRec's sharded table config (``local_metadata`` / ``global_metadata`` give the shard's place).
+        hash_ids: keys are raw IDs (hash tables), not row indices (plain KEY_VALUE tables).
+        spec: the table's hash options (policies).
+        capacity: IDs the shard's pool holds.
+        col0: the shard's first column; ``cols``: its number of columns.
+        state_shapes: per optimizer state, its per-row shape: ``()`` row-wise, ``(cols,)`` element-wise.
+        optimizer: fbgemm's name of the fused optimizer (e.g. ``"exact_adagrad"``).
+        eviction: the pool has an eviction policy; ``admission``: the table has an admission policy.
+        lower_tiers: rows also live below the pool (KEY_VALUE host and disk).
+    """
+
+    name: str
+    table: Any
+    hash_ids: bool
+    spec: HashTableSpec
+    capacity: int
+    col0: int
+    cols: int
+    state_shapes: Tuple[Tuple[int, ...], ...]
+    optimizer: str
+    eviction: bool
+    admission: bool
+    lower_tiers: bool
+
+
 class HashRows:
     """Mixin for TorchRec TBE kernels: raw IDs -> rows through one :class:`SlotTable` per table.
 
@@ -65,6 +119,9 @@ class HashRows:
         self._table_names = [t.name for t in config.embedding_tables]
         self._feature_names = [f for t in config.embedding_tables for f in t.feature_names]
         self._init_ranges = [(t.get_weight_init_min(), t.get_weight_init_max()) for t in config.embedding_tables]
+        # TorchRec's prefetch hands the TBE raw IDs, which fbgemm's bounds check would clamp in place; rows are
+        # chosen (and, for KEY_VALUE, swapped in) in the lookup of each batch instead.
+        self._emb_module.prefetch = _no_prefetch  # type: ignore[attr-defined]
 
     def set_pipeline_depth(self, depth: int) -> None:
         """Pin the rows of ``depth`` in-flight batches besides the current one (called by pipelines)."""
@@ -95,11 +152,16 @@ class HashRows:
         for t, table in enumerate(self._slot_tables):
             features_of_t = [i for i, ft in enumerate(self._feature_table_map) if ft == t]
             ids = torch.cat([per_feature[i] for i in features_of_t]) if features_of_t else values[:0]
-            assignment = table.assign(ids.long(), training=self.training)  # type: ignore[attr-defined]
-            if assignment.evicted_slots.numel():
-                self._rows_left(t, assignment)
+            assignment = table.assign(
+                ids.long(), training=self.training,  # type: ignore[attr-defined]
+                on_evict=lambda slots, ids, t=t: self._rows_left(t, slots, ids),
+            )
             if assignment.new_slots.numel():
-                self._rows_arrived(t, assignment)
+                try:
+                    self._rows_arrived(t, assignment)
+                except Exception:
+                    table.remove(assignment.new_ids)  # unfilled rows must not stay mapped; the stores keep theirs
+                    raise
             self._write_default_row(t)
             for i, part in zip(features_of_t, torch.split(assignment.slots, [per_feature[i].numel() for i in features_of_t])):
                 slots[i] = part
@@ -125,8 +187,8 @@ class HashRows:
             for state in self._pool_states(t):
                 state[assignment.new_slots] = 0
 
-    def _rows_left(self, t: int, assignment: Assignment) -> None:
-        """Rows freed by eviction (FUSED: the IDs are dropped; their rows are overwritten by arriving ones)."""
+    def _rows_left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
+        """Rows about to be freed by eviction (FUSED: the IDs are dropped; arriving ones overwrite the rows)."""
 
     def _write_default_row(self, t: int) -> None:
         # Rejected and unknown IDs read this row; training may have moved it since the last batch.
@@ -135,6 +197,151 @@ class HashRows:
             self._pool_weights(t)[table.default_slot] = self._specs[t].not_admitted_value
             for state in self._pool_states(t):
                 state[table.default_slot] = 0
+
+    # -- checkpoint support (torchrec_ascend.checkpoint) -------------------------------------------------------------
+    # A shard leaves as blocks of ShardRows plus shard_state() and comes back through restore_shard(). FUSED keeps
+    # every row in its pool; KEY_VALUE overrides the lower-tier methods (_stored_rows, _read_stored,
+    # _restore_stored). Called between batches, never per batch.
+
+    @property
+    def num_tables(self) -> int:
+        """Tables (table shards) this kernel holds."""
+        return len(self._slot_tables)
+
+    def slot_table(self, t: int) -> SlotTable:
+        """The slot table of table ``t`` (index within this kernel)."""
+        return self._slot_tables[t]
+
+    def shard_info(self, t: int) -> ShardInfo:
+        """Where table ``t``'s shard sits and what its rows hold (see :class:`ShardInfo`)."""
+        emb = self._emb_module  # type: ignore[attr-defined]
+        table = self._slot_tables[t]
+        return ShardInfo(
+            name=self._table_names[t],
+            table=self._config.embedding_tables[t],  # type: ignore[attr-defined]
+            hash_ids=True,
+            spec=self._specs[t],
+            capacity=table.capacity,
+            col0=self._col_offset[t],  # type: ignore[attr-defined]
+            cols=self._local_cols[t],  # type: ignore[attr-defined]
+            state_shapes=tuple(tuple(s.shape[1:]) for s in self._pool_states(t)),
+            optimizer=str(getattr(emb.optimizer, "value", emb.optimizer)),
+            eviction=table.eviction is not None,
+            admission=table.admission is not None,
+            lower_tiers=False,
+        )
+
+    def row_width(self, t: int) -> int:
+        """Elements of a packed row of table ``t``: its columns plus every optimizer state's per-row elements."""
+        return self._local_cols[t] + sum(math.prod(s.shape[1:]) for s in self._pool_states(t))  # type: ignore
+
+    def pack_rows(self, t: int, slots: torch.Tensor) -> torch.Tensor:
+        """Pool rows ``slots`` of table ``t`` as ``[n, row_width]``: weights, then each optimizer state.
+
+        Example::
+
+            packed = kernel.pack_rows(0, torch.tensor([3, 5]))
+            kernel.unpack_rows(0, torch.tensor([3, 5]), packed)   # no change
+        """
+        parts = [self._pool_weights(t)[slots]]
+        parts += [s[slots].view(slots.numel(), -1) for s in self._pool_states(t)]
+        return torch.cat(parts, dim=1)
+
+    def unpack_rows(self, t: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write packed ``rows`` (``[n, row_width]``, see :meth:`pack_rows`) to pool rows ``slots`` of table ``t``."""
+        cols = self._local_cols[t]  # type: ignore[attr-defined]
+        with torch.no_grad():
+            self._pool_weights(t)[slots] = rows[:, :cols]
+            start = cols
+            for state in self._pool_states(t):
+                width = math.prod(state.shape[1:])
+                state[slots] = rows[:, start:start + width].view((-1,) + tuple(state.shape[1:]))
+                start += width
+
+    def export_shard(self, t: int, changed_only: bool = False) -> Tuple[Iterator[ShardRows], torch.Tensor]:
+        """The records of table ``t``'s shard, in blocks, and the IDs to drop.
+
+        Args:
+            t: the table's index within this kernel.
+            changed_only: only what changed since the slot table's checkpoint mark (an incremental save).
+
+        Returns:
+            Tuple[Iterator[ShardRows], Tensor]: blocks covering every ID in every tier (or every changed one), and
+            the IDs that left the shard since the mark (empty for a full export).
+
+        Raises:
+            RuntimeError: ``changed_only`` without a checkpoint mark.
+            StorageError: a lower-tier row cannot be read back intact.
+        """
+        table = self._slot_tables[t]
+        if changed_only:
+            slots, left = table.changes_since_mark()
+            ids, last_used = table.slot_ids[slots], table.last_used[slots]
+        else:
+            ids, slots, last_used = table.held()
+        pool = ShardRows(ids, slots, last_used, self.pack_rows(t, slots))
+        if not changed_only:
+            lower = (_lower_tier_rows(keys, rows) for keys, rows in self._stored_rows(t))
+            return itertools.chain([pool], lower), _EMPTY
+        rows, found = self._read_stored(t, left)
+        return iter([pool, _lower_tier_rows(left[found], rows[found])]), left[~found]
+
+    def shard_state(self, t: int) -> Dict[str, Any]:
+        """:meth:`SlotTable.checkpoint_state` of table ``t`` plus ``iteration``, the fused optimizer's step count."""
+        return {**self._slot_tables[t].checkpoint_state(), "iteration": self.optimizer_iteration()}
+
+    def restore_shard(self, t: int, records: ShardRows, state: Dict[str, Any]) -> None:
+        """Make table ``t``'s shard hold exactly ``records``: pooled ones at their slots, the rest in lower tiers.
+
+        Args:
+            t: the table's index within this kernel.
+            records: the shard's records (slots ``-1`` go to the lower tiers).
+            state: as :meth:`SlotTable.restore` takes it.
+
+        Raises:
+            CapacityError: more pooled IDs than the pool holds.
+            ConfigError: rows without a pool slot for a kernel without lower tiers, or a policy state that does
+                not fit.
+            StorageError: a lower tier cannot take the rows.
+        """
+        pooled = records.slots >= 0
+        slots = records.slots[pooled]
+        self._slot_tables[t].restore(records.ids[pooled], slots, records.last_used[pooled], state)
+        self.unpack_rows(t, slots, records.rows[pooled])
+        self._restore_stored(t, records.ids[~pooled], records.rows[~pooled])
+
+    def optimizer_iteration(self) -> int:
+        """The fused optimizer's step counter (fbgemm's ``iter``; Adam-style optimizers use it)."""
+        return int(self._emb_module.iter.item())  # type: ignore[attr-defined]
+
+    def set_optimizer_iteration(self, value: int) -> None:
+        """Set the fused optimizer's step counter (and fbgemm's CPU copy of it, which it syncs only from 0)."""
+        emb = self._emb_module  # type: ignore[attr-defined]
+        emb.iter.fill_(value)
+        if isinstance(getattr(emb, "iter_cpu", None), torch.Tensor):
+            emb.iter_cpu.fill_(value)
+
+    def _stored_rows(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        return iter(())  # FUSED: every row is in the pool
+
+    def _read_stored(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros(keys.numel(), self.row_width(t)), torch.zeros(keys.numel(), dtype=torch.bool)
+
+    def _restore_stored(self, t: int, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        if keys.numel():
+            raise ConfigError(
+                f"table {self._table_names[t]!r}: {keys.numel()} rows to restore have no pool slot, but a FUSED "
+                "table keeps every row in its pool; restore them with pool slots"
+            )
+
+
+def _lower_tier_rows(keys: torch.Tensor, rows: torch.Tensor) -> ShardRows:
+    """Records of rows held below the pool: no slot, no last use."""
+    return ShardRows(keys, torch.full_like(keys, -1), torch.zeros_like(keys), rows)
+
+
+def _no_prefetch(*args: Any, **kwargs: Any) -> None:
+    """The TBE prefetch of hash and KEY_VALUE kernels: nothing to do ahead of the lookup."""
 
 
 class HashFusedEmbeddingBag(HashRows, BatchedFusedEmbeddingBag):

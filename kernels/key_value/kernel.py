@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import logging
 import math
+import dataclasses
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torchrec.distributed.batched_embedding_kernel import BatchedFusedEmbedding, BatchedFusedEmbeddingBag
@@ -44,7 +45,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, hash_spec_of
 from torchrec_ascend.hash.slot_table import Assignment
-from torchrec_ascend.kernels.fused import HashRows
+from torchrec_ascend.kernels.fused import HashRows, ShardInfo, ShardRows
 from torchrec_ascend.kernels.key_value.disk_store import DiskStore
 from torchrec_ascend.kernels.key_value.host_store import HostStore
 from torchrec_ascend.kernels.walk import sharded_kernels
@@ -102,9 +103,9 @@ def _cache_config(config: GroupedEmbeddingConfig) -> GroupedEmbeddingConfig:
     """The grouped config as the TBE must see it: cache-sized tables, no key-value-only parameters."""
     import dataclasses
 
-    load_factor = (config.fused_params or {}).get("cache_load_factor")
     fused = {k: v for k, v in (config.fused_params or {}).items() if k not in _NOT_TBE_PARAMS}
-    tables = [_cache_table(t, load_factor) for t in config.embedding_tables]
+    # Each table keeps its own load factor (TorchRec leaves it out of the group's fused_params on purpose).
+    tables = [_cache_table(t, (t.fused_params or {}).get("cache_load_factor")) for t in config.embedding_tables]
     return dataclasses.replace(config, embedding_tables=tables, fused_params=fused)
 
 
@@ -169,9 +170,10 @@ class KeyValueRows(HashRows):
                 state[slots] = rows[:, start:start + width].view((-1,) + tuple(state.shape[1:]))
                 start += width
 
-    def _rows_left(self, t: int, assignment: Assignment) -> None:
-        self._stores[t].put(assignment.evicted_ids, self._pack(t, assignment.evicted_slots))
-        self._swaps[t]["swapped_out"] += assignment.evicted_ids.numel()
+    def _rows_left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
+        # Every cached row was trained (eval lookups do not insert), so every evicted row is written back.
+        self._stores[t].put(ids, self._pack(t, slots))
+        self._swaps[t]["swapped_out"] += ids.numel()
 
     def _rows_arrived(self, t: int, assignment: Assignment) -> None:
         rows, found = self._stores[t].pop(assignment.new_ids)
@@ -234,6 +236,42 @@ class KeyValueRows(HashRows):
         """Release the host and disk tiers (removes the disk files)."""
         for store in self._stores:
             store.close()
+
+    # -- checkpoint support: the host and disk tiers (see HashRows' checkpoint methods) --------------------------------
+
+    def shard_info(self, t: int) -> ShardInfo:
+        """As :meth:`HashRows.shard_info`, with the shard's own (not cache-sized) table config and key kind."""
+        return dataclasses.replace(
+            super().shard_info(t), table=self._shard_tables[t], hash_ids=self._is_hash[t], lower_tiers=True
+        )
+
+    def shard_state(self, t: int) -> Dict[str, Any]:
+        """As :meth:`HashRows.shard_state`, plus ``swaps``: the rows swapped in and out and initialised."""
+        return {**super().shard_state(t), "swaps": dict(self._swaps[t])}
+
+    def restore_shard(self, t: int, records: ShardRows, state: Dict[str, Any]) -> None:
+        """As :meth:`HashRows.restore_shard`; rows without a pool slot go to the host store (spilling to disk)."""
+        super().restore_shard(t, records, state)
+        self._swaps[t] = {**dict.fromkeys(self._swaps[t], 0), **state.get("swaps", {})}
+
+    def _stored_rows(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        return self._stores[t].chunks()
+
+    def _read_stored(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        store = self._stores[t]
+        promote, store.promote = store.promote, False  # a checkpoint read must not move rows between tiers
+        try:
+            return store.get(keys)
+        finally:
+            store.promote = promote
+
+    def _restore_stored(self, t: int, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        store = self._stores[t]
+        held = [k for k, _ in store.chunks()]
+        if held:
+            store.remove(torch.cat(held))
+        if keys.numel():
+            store.put(keys, rows)
 
     def state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Dict[str, Any]:
         # TorchRec builds each table's ShardedTensor from this once, at sharding time: give it the shard's shape

@@ -19,11 +19,11 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from torchrec_ascend.errors import CapacityError, ConfigError
+from torchrec_ascend.errors import CapacityError, ConfigError, StorageError
 from torchrec_ascend.hash.configs import HashTableSpec
 from torchrec_ascend.kernels import ops
 from torchrec_ascend.kernels.id_map import IdMap
@@ -112,6 +112,7 @@ class SlotTable(torch.nn.Module):
         training: bool,
         known: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
         signals: Optional[Dict[str, torch.Tensor]] = None,
+        on_evict: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None,
     ) -> Assignment:
         """Rows for a batch of this table's IDs (one call per table per batch).
 
@@ -121,6 +122,8 @@ class SlotTable(torch.nn.Module):
             known: for a cache, tells which IDs missing from the pool exist in a lower tier (those bypass
                 admission: they already have a row); None means none do.
             signals: optional per-ID tensors aligned with ``ids`` (e.g. ``"clicks"``) for the policies.
+            on_evict: called with ``(slots, ids)`` of the rows about to be freed, before the map changes (a cache
+                writes them back here; if it raises, the map is unchanged).
 
         Raises:
             CapacityError: the pool is full and the overflow rule is ``"error"``, or the batch (with the pinned
@@ -144,7 +147,7 @@ class SlotTable(torch.nn.Module):
         new_ids = unique[new_pos]
         self.counters["rejected"] += int(missing.numel() - new_pos.numel())
 
-        evicted_slots, evicted_ids = self._make_room(new_ids.numel())
+        evicted_slots, evicted_ids = self._make_room(new_ids.numel(), on_evict)
         new_slots, _ = self.id_map.insert_or_lookup(new_ids)
         self.slot_ids[new_slots] = new_ids
         self.last_used[new_slots] = self.step
@@ -166,6 +169,7 @@ class SlotTable(torch.nn.Module):
         """Drop IDs from the pool (e.g. expired ones); returns their freed rows (-1 where absent)."""
         freed = self.id_map.remove(ids)
         gone = freed[freed >= 0]
+        self._note_left(ids[freed >= 0])
         self.slot_ids[gone] = -1
         if self.eviction is not None and gone.numel():
             self.eviction.on_remove(gone)
@@ -191,6 +195,164 @@ class SlotTable(torch.nn.Module):
         if self.admission is not None and "admission" in state:
             self.admission.load_state_dict(state["admission"])
 
+    # -- checkpoint support (torchrec_ascend.checkpoint) -------------------------------------------------------------
+    # A checkpoint saves the held IDs with their slots and last use, plus checkpoint_state(); restore() puts them back
+    # exactly (same layout) or at new slots (resharding). Incremental saves need what changed since the previous
+    # save: slots used since then (last_used says) and IDs that left the pool, noted once a checkpoint has marked the
+    # table (8 bytes per ID that left, deduplicated as the list grows). Nothing here runs per batch except
+    # _note_left, which is a no-op until the table is marked.
+
+    _mark_step: Optional[int] = None  # slots used after this step changed since the mark; None: not tracking
+    _mark_token: Optional[str] = None  # the checkpoint the mark belongs to
+    _left: Optional[List[torch.Tensor]] = None  # IDs that left the pool since the mark
+    _left_size = 0
+
+    def held(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every held ID, its slot and the step it was last used at, sorted by slot.
+
+        Returns:
+            Tuple[Tensor, Tensor, Tensor]: ``ids``, ``slots``, ``last_used``, int64 ``[len(self)]``.
+
+        Example::
+
+            ids, slots, last_used = table.held()
+        """
+        ids, slots = self.id_map.export()
+        return ids, slots, self.last_used[slots]
+
+    def checkpoint_state(self) -> Dict[str, Any]:
+        """What a checkpoint needs besides the per-ID records, for an exact restore.
+
+        Returns:
+            Dict[str, Any]: ``step`` (int), ``counters`` (dict), ``next_fresh`` (int) and ``free_slots`` (int64
+            ``[num_free]``, the ID map's free-slot stack, so slots are handed out again in the same order), and the
+            ``eviction`` / ``admission`` policies' state dicts (``{}`` for a table without that policy).
+
+        Example::
+
+            state = table.checkpoint_state()
+            state["step"], state["eviction"].keys()
+        """
+        next_fresh, num_free = self.id_map.counters.tolist()
+        return {
+            "step": self.step,
+            "counters": dict(self.counters),
+            "next_fresh": next_fresh,
+            "free_slots": self.id_map.free_slots[:num_free].clone(),
+            "eviction": self.eviction.state_dict() if self.eviction is not None else {},
+            "admission": self.admission.state_dict() if self.admission is not None else {},
+        }
+
+    def restore(
+        self,
+        ids: torch.Tensor,
+        slots: torch.Tensor,
+        last_used: torch.Tensor,
+        state: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        """Become a table holding exactly ``ids`` at ``slots`` (whatever it held before is forgotten).
+
+        Args:
+            ids: int64 ``[n]`` distinct raw IDs.
+            slots: int64 ``[n]`` distinct slots in ``[0, capacity)``.
+            last_used: int64 ``[n]``, the step each ID was last used at.
+            state: keys of :meth:`checkpoint_state`, each optional: ``step`` and ``counters`` (default 0);
+                ``next_fresh`` with ``free_slots`` (default: the free slots :meth:`IdMap.from_export` leaves);
+                ``eviction`` / ``admission`` policy state dicts. Without a policy's state the policy starts fresh
+                and, for eviction, is told every restored ID was inserted at ``step``.
+
+        Raises:
+            CapacityError: more IDs than the table holds.
+            ValueError: repeated IDs or slots, or slots out of range (from :meth:`IdMap.from_export`).
+            StorageError: ``next_fresh`` / ``free_slots`` do not match the IDs.
+            ConfigError: a policy state does not fit this table's policy.
+
+        Example::
+
+            table.restore(torch.tensor([7, 42]), torch.tensor([0, 1]), torch.tensor([3, 5]), {"step": 5})
+        """
+        state = state or {}
+        if ids.numel() > self.capacity:
+            raise CapacityError(
+                f"table {self.table!r}: {ids.numel()} IDs to restore into a shard that holds {self.capacity}; raise "
+                "num_embeddings (or the cache load_factor), or load with more ranks"
+            )
+        fresh = SlotTable(self.table, self.spec, self.capacity + 1, self.overflow)  # fresh policies and buffers
+        self.id_map = IdMap.from_export(ids, slots, self.capacity)
+        if "next_fresh" in state:
+            free, next_fresh = state["free_slots"], int(state["next_fresh"])
+            if next_fresh - free.numel() != ids.numel() or not 0 <= next_fresh <= self.capacity:
+                raise StorageError(
+                    f"table {self.table!r}: the saved ID map says {next_fresh} slots handed out and {free.numel()} "
+                    f"free, but {ids.numel()} IDs are held; the checkpoint is inconsistent"
+                )
+            self.id_map.free_slots[: free.numel()] = free
+            self.id_map.counters.copy_(torch.tensor([next_fresh, free.numel()]))
+        self.slot_ids.copy_(fresh.slot_ids)
+        self.slot_ids[slots] = ids
+        self.last_used.copy_(fresh.last_used)
+        self.last_used[slots] = last_used
+        self.step = int(state.get("step", 0))
+        self.counters = {**fresh.counters, **state.get("counters", {})}
+        self.eviction, self.admission = fresh.eviction, fresh.admission
+        if self.eviction is not None:
+            if state.get("eviction"):
+                self.eviction.load_state_dict(state["eviction"])
+            elif ids.numel():
+                self.eviction.on_insert(slots, ids, self.step)
+        if self.admission is not None and state.get("admission"):
+            self.admission.load_state_dict(state["admission"])
+        self._mark_step = self._mark_token = self._left = None
+        self._left_size = 0
+
+    def mark_checkpoint(self, token: Optional[str]) -> None:
+        """Start (or restart) tracking changes for the next incremental save, against checkpoint ``token``.
+
+        Rows of the pinned in-flight batches count as changed until they leave the window: their backward may still
+        be ahead.
+
+        Example::
+
+            table.mark_checkpoint("3f2a...")   # after a save or an exact load
+        """
+        self._mark_step = self.step - self.window
+        self._mark_token = token
+        self._left, self._left_size = [], 0
+
+    @property
+    def checkpoint_mark(self) -> Optional[str]:
+        """The checkpoint whose state :meth:`changes_since_mark` is relative to (None: no usable mark)."""
+        return self._mark_token if self._mark_step is not None else None
+
+    def changes_since_mark(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """What an incremental save must write: slots used since the mark, and IDs that left the pool since.
+
+        Returns:
+            Tuple[Tensor, Tensor]: int64 held ``slots`` used since the mark, and the distinct ``ids`` that left
+            the pool since the mark and are not held now (dropped, or written to a lower tier).
+
+        Raises:
+            RuntimeError: the table was never marked (save or load a full checkpoint first).
+
+        Example::
+
+            slots, left = table.changes_since_mark()
+        """
+        if self._mark_step is None or self._left is None:
+            raise RuntimeError(f"table {self.table!r}: no checkpoint mark; an incremental save needs a full one first")
+        used = ((self.last_used > self._mark_step) & (self.slot_ids >= 0)).nonzero().squeeze(1)
+        left = torch.unique(torch.cat(self._left)) if self._left else _EMPTY
+        return used, left[self.id_map.lookup(left) < 0]
+
+    def _note_left(self, ids: torch.Tensor) -> None:
+        if self._left is None or not ids.numel():
+            return
+        self._left.append(ids.clone())
+        self._left_size += ids.numel()
+        if self._left_size > max(self.capacity, 1 << 16):  # keep the list near the number of distinct IDs
+            self._left = [torch.unique(torch.cat(self._left))]
+            self._left_size = self._left[0].numel()
+
     def _admit(
         self,
         candidates: torch.Tensor,
@@ -207,7 +369,7 @@ class SlotTable(torch.nn.Module):
             admitted[fresh] = self.admission.admit(candidates[fresh], counts[fresh], self.step, fresh_signals)
         return admitted
 
-    def _make_room(self, needed: int) -> tuple:
+    def _make_room(self, needed: int, on_evict: Optional[Callable[[torch.Tensor, torch.Tensor], None]]) -> tuple:
         free = self.capacity - len(self.id_map)
         if needed <= free:
             return _EMPTY, _EMPTY
@@ -230,7 +392,10 @@ class SlotTable(torch.nn.Module):
             )
         victims = self.eviction.select_victims(shortfall, evictable, self.step)
         victim_ids = self.slot_ids[victims]
+        if on_evict is not None:
+            on_evict(victims, victim_ids)
         self.id_map.remove(victim_ids)
+        self._note_left(victim_ids)
         self.eviction.on_remove(victims)
         if self.admission is not None:
             self.admission.forget(victim_ids)

@@ -1,0 +1,134 @@
+"""KEY_VALUE kernel faults and bad input, in one process (a 1-rank gloo group): unwritable or full disk, corrupted
+segment files, metrics, and planning key_value on CPU."""
+
+from __future__ import annotations
+
+import errno
+import glob
+import os
+import tempfile
+from typing import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+import torchrec
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
+from torchrec_ascend.errors import StorageError
+from torchrec_ascend.kernels.key_value import cache_metrics
+from torchrec_ascend.kernels.walk import sharded_kernels
+
+CAPACITY, CACHE_ROWS, DIM = 256, 16, 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank_group() -> Iterator[None]:
+    store_dir = tempfile.mkdtemp()
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(store_dir, "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def model(directory: str, host_kb: float = 1.0) -> DistributedModelParallel:
+    ebc = torchrec.EmbeddingBagCollection(tables=[HashEmbeddingBagConfig(
+        name="user", embedding_dim=DIM, num_embeddings=CAPACITY, feature_names=["uid"])])
+    apply_optimizer_in_backward(torch.optim.Adagrad, [ebc.embedding_bags["user"].weight], {"lr": 0.1, "eps": 1e-8})
+    constraints = {"user": ParameterConstraints(
+        sharding_types=["table_wise"], compute_kernels=["key_value"],
+        cache_params=CacheParams(load_factor=CACHE_ROWS / CAPACITY),
+        key_value_params=KeyValueParams(l2_cache_size=host_kb / 1024**2, ssd_storage_directory=directory),
+    )}
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"), constraints=constraints)
+    sharders = get_default_hybrid_sharders()
+    return DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                    device=torch.device("cpu"), plan=planner.plan(ebc, sharders), sharders=sharders)
+
+
+def batch(ids: list) -> KeyedJaggedTensor:
+    return KeyedJaggedTensor.from_lengths_sync(keys=["uid"], values=torch.tensor(ids), lengths=torch.tensor([len(ids)]))
+
+
+def train(dmp: DistributedModelParallel, ids: list) -> None:
+    dmp(batch(ids)).values().sum().backward()
+
+
+def rows(dmp: DistributedModelParallel) -> dict:
+    kernel = next(k for k in sharded_kernels(dmp))
+    ids, values, _ = kernel.export_rows(0)
+    return dict(zip(ids.tolist(), values))
+
+
+def test_unwritable_disk_directory_is_a_clear_error(tmp_path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StorageError, match="user"):
+        model(str(blocker / "disk"))
+
+
+def test_full_disk_fails_the_batch_and_keeps_every_row(tmp_path, monkeypatch) -> None:
+    dmp = model(str(tmp_path))
+    for start in range(0, 120, 10):  # 120 IDs through a 16-row cache and a ~1 KiB host budget: spills to disk
+        train(dmp, list(range(start, start + 10)))
+    assert cache_metrics(dmp)["user"]["disk_rows"] > 0
+    before = rows(dmp)
+
+    def no_space(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", no_space)
+    with pytest.raises(StorageError):
+        for start in range(200, 260, 10):
+            train(dmp, list(range(start, start + 10)))
+    monkeypatch.undo()
+    after = rows(dmp)
+    assert set(before) <= set(after)
+    for key, value in before.items():
+        assert torch.equal(after[key], value), f"row of ID {key} changed or was lost"
+    train(dmp, list(range(300, 310)))  # the kernel keeps working
+
+
+def test_corrupted_segment_file_is_named(tmp_path) -> None:
+    dmp = model(str(tmp_path))
+    for start in range(0, 120, 10):
+        train(dmp, list(range(start, start + 10)))
+    segments = glob.glob(str(tmp_path / "**" / "*.rows"), recursive=True)
+    assert segments
+    with open(segments[0], "r+b") as f:  # flip bytes in the first record's row
+        f.seek(20)
+        f.write(b"\xff\xff\xff\xff")
+    with pytest.raises(StorageError, match=os.path.basename(segments[0])):
+        for start in range(0, 120, 10):
+            train(dmp, list(range(start, start + 10)))
+
+
+def test_metrics_report_every_tier(tmp_path) -> None:
+    dmp = model(str(tmp_path))
+    for start in range(0, 60, 10):
+        train(dmp, list(range(start, start + 10)))
+    m = cache_metrics(dmp)["user"]
+    for key in ("lookups", "hits", "evicted", "swapped_in", "swapped_out", "rejected", "cache_rows", "cache_bytes",
+                "host_rows", "disk_rows"):
+        assert key in m, key
+    assert m["lookups"] == 60 and m["inserted"] == 60
+    assert m["cache_rows"] == CACHE_ROWS - 1
+    assert m["evicted"] == m["swapped_out"] >= 60 - m["cache_rows"]
+
+
+def test_planner_plans_key_value_on_cpu_with_storage_estimates() -> None:
+    ebc = torchrec.EmbeddingBagCollection(tables=[HashEmbeddingBagConfig(
+        name="user", embedding_dim=DIM, num_embeddings=CAPACITY, feature_names=["uid"])], device=torch.device("meta"))
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=1, compute_device="cpu"),
+        constraints={"user": ParameterConstraints(compute_kernels=["key_value"])},
+    )
+    plan = planner.plan(ebc, get_default_hybrid_sharders())
+    assert plan.plan[""]["user"].compute_kernel == "key_value"
+    option = next(o for o in planner._enumerator.enumerate(ebc, get_default_hybrid_sharders())
+                  if o.compute_kernel == "key_value")
+    assert option.shards[0].storage.ssd > 0 and option.shards[0].perf.total > 0
