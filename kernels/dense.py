@@ -4,6 +4,11 @@
 ``PoolingMode.NONE`` (its CPU implementation pools anyway), which breaks EmbeddingCollection + data_parallel. It
 keeps the stock parameter layout (one flat weight, a view per table) so state_dict and DDP are unchanged, and looks
 rows up per feature with ``torch.nn.functional.embedding``.
+
+:class:`HashDenseEmbeddingBag` / :class:`HashDenseEmbedding` are data_parallel hash tables (small ones). Every rank
+holds a replica, so every replica must give an ID the same row: in training each rank gathers all ranks' IDs of the
+batch and inserts them in rank order (one all-gather per batch), then looks its own IDs up. The dense optimizer keeps
+per-row state outside the kernel, so these tables refuse ``overflow="evict"`` (a reused row would inherit state).
 """
 
 from __future__ import annotations
@@ -11,8 +16,14 @@ from __future__ import annotations
 from typing import Any, List, Optional
 
 import torch
-from torchrec.distributed.batched_embedding_kernel import BatchedDenseEmbedding
+import torch.distributed as dist
+from torchrec.distributed.batched_embedding_kernel import BatchedDenseEmbedding, BatchedDenseEmbeddingBag
+from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.hash.configs import HashTableSpec, hash_spec_of
+from torchrec_ascend.kernels.fused import HashRows, with_values, without_hash_params
 
 
 class SequenceDenseEmbedding(BatchedDenseEmbedding):
@@ -49,3 +60,73 @@ class SequenceDenseEmbedding(BatchedDenseEmbedding):
         return torch.cat(
             [torch.nn.functional.embedding(ids, tables[t]) for ids, t in zip(per_feature, self._feature_table_map)]
         )
+
+
+def _specs(config: GroupedEmbeddingConfig) -> List[HashTableSpec]:
+    specs = [hash_spec_of(t) or HashTableSpec() for t in config.embedding_tables]
+    evicting = [t.name for t, s in zip(config.embedding_tables, specs) if s.overflow == "evict"]
+    if evicting:
+        raise ConfigError(
+            f"data_parallel hash tables {evicting} cannot use overflow='evict': the dense optimizer keeps row state "
+            "a reused row would inherit. Use overflow='error', or shard them table_wise/row_wise (FUSED)."
+        )
+    return specs
+
+
+class HashDenseRows(HashRows):
+    """Mixin: hash rows for replicated tables; every replica inserts all ranks' IDs in the same order."""
+
+    def _pool_states(self, t: int) -> List[torch.Tensor]:
+        return []  # the dense optimizer (outside the kernel) holds the state
+
+    def map_replicated(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """Rows for this rank's IDs, after inserting every rank's IDs of the batch (training)."""
+        group = self._pg  # type: ignore[attr-defined]
+        if not self.training or group is None or dist.get_world_size(group) == 1:  # type: ignore[attr-defined]
+            return self.map_ids(features)
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        lengths = torch.tensor(features.length_per_key(), dtype=torch.int64)
+        all_lengths = [torch.empty_like(lengths) for _ in range(world)]
+        dist.all_gather(all_lengths, lengths, group=group)
+        sizes = [int(x.sum()) for x in all_lengths]
+        padded = torch.zeros(max(sizes), dtype=torch.int64)
+        padded[: sizes[rank]] = features.values()
+        gathered = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(gathered, padded, group=group)
+        # Feature-major over ranks: feature f holds rank 0's IDs, then rank 1's, ...
+        per_rank = [list(torch.split(g[:n], lens.tolist())) for g, n, lens in zip(gathered, sizes, all_lengths)]
+        keys = features.keys()
+        values = torch.cat([per_rank[r][f] for f in range(len(keys)) for r in range(world)])
+        global_lengths = torch.stack([lens for lens in all_lengths], dim=1).sum(dim=1)
+        everyone = KeyedJaggedTensor(keys=keys, values=values, lengths=global_lengths)
+        mapped = self.map_ids(everyone).values()
+        starts = torch.cumsum(torch.stack(all_lengths), dim=0) - torch.stack(all_lengths)  # [world, F]
+        offsets = torch.cumsum(global_lengths, 0) - global_lengths
+        mine = [mapped[int(o + starts[rank, f]): int(o + starts[rank, f] + all_lengths[rank][f])]
+                for f, o in enumerate(offsets)]
+        return with_values(features, torch.cat(mine) if mine else features.values())
+
+
+class HashDenseEmbeddingBag(HashDenseRows, BatchedDenseEmbeddingBag):
+    """data_parallel kernel of EmbeddingBagCollection hash tables (arguments as TorchRec's dense kernel)."""
+
+    def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None,
+                 sharding_type: Any = None, env: Any = None) -> None:
+        specs = _specs(config)
+        super().__init__(without_hash_params(config), pg, device, sharding_type)
+        self._init_hash_rows(config, self._local_rows, [s.overflow for s in specs])
+
+    def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return super().forward(self.map_replicated(features), *args, **kwargs)
+
+
+class HashDenseEmbedding(HashDenseRows, SequenceDenseEmbedding):
+    """data_parallel kernel of EmbeddingCollection hash tables (unpooled lookups)."""
+
+    def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None, env: Any = None) -> None:
+        specs = _specs(config)
+        super().__init__(without_hash_params(config), pg, device)
+        self._init_hash_rows(config, self._local_rows, [s.overflow for s in specs])
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        return super().forward(self.map_replicated(features))

@@ -31,6 +31,8 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.types import ShardingEnv
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
@@ -231,7 +233,10 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     opt_cls, opt_kwargs = OPTIMIZERS[case["optimizer"]]
     torch.manual_seed(0)
     dmp = shard(_with_optimizer(make_module(kind), kind, opt_cls, opt_kwargs), sharding_type,
-                case.get("kernel", "fused"), pg)
+                case.get("kernel", "dense" if sharding_type == "data_parallel" else "fused"), pg)
+    # data_parallel tables are trained by a dense optimizer, as TorchRec users do (DDP averages their gradients).
+    dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    dense = KeyedOptimizerWrapper(dense_params, lambda ps: opt_cls(ps, **opt_kwargs)) if dense_params else None
     block = _column_block(dmp) or DIM
     if opt_cls is trec_optim.RowWiseAdagrad and block != DIM:
         opt_cls, opt_kwargs = ColumnShardRowWiseAdagrad, {**opt_kwargs, "block": block}
@@ -249,6 +254,9 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
         err_python = max(err_python, (mine - split_global(kind, py_blocks, batches, rank)).abs().max().item())
 
         (mine * upstream(kind, mine, step, rank)).sum().backward()
+        if dense is not None:
+            dense.step()
+            dense.zero_grad()
         grads = [upstream(kind, split_global(kind, ref_blocks, batches, r), step, r) for r in range(world)]
         ref_total = sum((split_global(kind, ref_blocks, batches, r) * g).sum() for r, g in enumerate(grads))
         (ref_total * scale).backward()

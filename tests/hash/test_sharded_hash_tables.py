@@ -12,7 +12,10 @@ from torchrec_ascend.conformance_tests.plugin import hash_tables
 
 pytestmark = pytest.mark.multiprocess
 
-TYPES = {"ebc": ["row_wise", "table_wise", "column_wise", "table_column_wise"], "ec": ["row_wise", "table_wise", "column_wise"]}
+TYPES = {
+    "ebc": ["data_parallel", "row_wise", "table_wise", "column_wise", "table_column_wise"],
+    "ec": ["data_parallel", "row_wise", "table_wise", "column_wise"],
+}
 CASES: List[Dict[str, Any]] = [
     {"kind": kind, "sharding_type": st, "optimizer": opt}
     for kind, types in TYPES.items()

@@ -5,8 +5,9 @@ Stock TorchRec sharders already handle hash tables inside ``EmbeddingBagCollecti
 ``hash(ID) % world_size``, kernels map raw IDs to rows). :func:`get_default_hybrid_sharders` adds sharders for the
 RecSDK migration names ``HashEmbeddingBagCollection`` / ``HashEmbeddingCollection``.
 
-Which sharding types a hash table supports: table_wise, column_wise, table_column_wise and row_wise (by hash);
-data_parallel, table_row_wise and grid_shard are refused with a clear error (the planner never proposes them).
+Which sharding types a hash table supports: data_parallel (replicas insert every rank's IDs in the same order),
+table_wise, column_wise, table_column_wise and row_wise (by hash); table_row_wise and grid_shard are refused with a
+clear error (the planner never proposes them).
 
 Example::
 
@@ -27,8 +28,8 @@ from torchrec.distributed.types import ModuleSharder
 from torchrec_ascend.hash.modules import HashEmbeddingBagCollection, HashEmbeddingCollection
 
 # Sharding types a hash table can use (the kernels map raw IDs per shard; every listed type gives each shard the
-# same IDs in the same order, or hash-partitioned IDs for row_wise).
-HASH_SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "row_wise")
+# same IDs in the same order, hash-partitioned IDs for row_wise, or all ranks' IDs for data_parallel replicas).
+HASH_SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "table_column_wise", "row_wise")
 
 
 class HashEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
