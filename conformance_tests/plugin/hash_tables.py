@@ -15,12 +15,7 @@ every ID's final row (gathered from all shards) to each oracle.
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import gc
-import json
 import sys
-import traceback
 from typing import Any, Dict, List, Tuple
 
 import torch
@@ -36,6 +31,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
+from torchrec_ascend.conformance_tests.plugin.runner import main
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import ColumnShardRowWiseAdagrad
 from torchrec_ascend.kernels import reference
 from torchrec_ascend.kernels.fused import HashRows
@@ -46,7 +42,6 @@ TABLES = [("user", 64, 3), ("item", 48, 5)]  # name, capacity, init seed
 IDS_PER_FEATURE = 24  # distinct IDs each feature draws from (fits every shard's capacity)
 BATCH, STEPS, MAX_LEN, LR, EPS = 4, 8, 3, 0.1, 1e-8
 INIT = (-0.25, 0.25)
-COLLECTIVE_TIMEOUT_S = 120
 
 
 def make_module(kind: str) -> torch.nn.Module:
@@ -307,38 +302,5 @@ def _column_block(dmp: Any) -> Any:
     return min(widths) if widths else None
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    # A rank that fails mid-case leaves the others in a collective: time out instead of hanging.
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    pg = dist.group.WORLD
-    results = []
-    for case in json.loads(args.cases):
-        try:
-            result = {**case, **run_case(case, pg), "error": ""}
-        except Exception as err:
-            traceback.print_exc()  # now: the other ranks may be stuck in a collective until the timeout
-            result = {**case, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
-        gathered: List[Any] = [None] * pg.size()
-        dist.all_gather_object(gathered, result, group=pg)
-        merged = dict(gathered[0])
-        merged["error"] = "; ".join(sorted({g["error"] for g in gathered if g["error"]}))
-        for key in ("fwd_err_unsharded", "fwd_err_python", "row_err_unsharded", "row_err_python"):
-            values = [g[key] for g in gathered if key in g]
-            merged[key] = max(values) if values else None
-        results.append(merged)
-        gc.collect()
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            json.dump({"info": {}, "results": results}, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, run_case, worst=("fwd_err_unsharded", "fwd_err_python", "row_err_unsharded", "row_err_python"), totals=()))

@@ -10,17 +10,12 @@ difference over all steps and the largest final row difference (both must be exa
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import gc
-import json
 import sys
 import tempfile
-import traceback
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import torch
-import torch.distributed as dist
 import torchrec
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -29,6 +24,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
+from torchrec_ascend.conformance_tests.plugin.runner import main
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, max_row_diff, rows_of, sharded_rows
 from torchrec_ascend.kernels.key_value import cache_metrics
 
@@ -36,7 +32,6 @@ DIM = 8
 TABLES = [("user", 1024, 3), ("item", 1024, 5)]  # name, capacity (FUSED must hold every ID), init seed
 POOL = 400  # distinct IDs per feature: several times the cache
 BATCH, MAX_LEN = 8, 3  # a row-wise shard sees at most 2 * 8 * 3 = 48 IDs per table per batch
-COLLECTIVE_TIMEOUT_S = 120
 
 
 def make_module(kind: str) -> torch.nn.Module:
@@ -117,40 +112,5 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     return {"fwd_err": fwd_err, "row_err": row_err, **totals}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    # A rank that fails mid-case leaves the others in a collective: time out instead of hanging.
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    pg = dist.group.WORLD
-    results: List[Dict[str, Any]] = []
-    for case in json.loads(args.cases):
-        try:
-            result = {**case, **run_case(case, pg), "error": ""}
-        except Exception as err:
-            traceback.print_exc()  # now: the other ranks may be stuck in a collective until the timeout
-            result = {**case, "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
-        gathered: List[Any] = [None] * pg.size()
-        dist.all_gather_object(gathered, result, group=pg)
-        merged = dict(gathered[0])
-        merged["error"] = "; ".join(sorted({g["error"] for g in gathered if g["error"]}))
-        for key in ("fwd_err", "row_err"):
-            values = [g[key] for g in gathered if key in g]
-            merged[key] = max(values) if values else None
-        for key in ("evicted", "swapped_out", "swapped_in", "disk_rows"):
-            merged[key] = sum(g.get(key, 0) for g in gathered)
-        results.append(merged)
-        gc.collect()
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            json.dump({"info": {}, "results": results}, f, indent=1)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, run_case, worst=("fwd_err", "row_err"), totals=("evicted", "swapped_out", "swapped_in", "disk_rows")))

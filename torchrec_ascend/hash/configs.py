@@ -59,51 +59,12 @@ class HashTableSpec:
     init_seed: int = 0
 
 
+@dataclasses.dataclass
 class HashTableOptions:
-    """The fields a hash config adds to TorchRec's (mixed into both config classes).
+    """The fields a hash config adds to TorchRec's (a dataclass mixed into both config classes, after theirs).
 
     Each shard of a hash table keeps its last row for the vector of rejected IDs, so a table sharded ``S`` ways holds
     up to ``num_embeddings - S`` IDs at once.
-    """
-
-    overflow: str
-    eviction_policy: str
-    eviction_options: Dict[str, Any]
-    admission_policy: Optional[str]
-    admission_options: Dict[str, Any]
-    not_admitted_value: float
-    init_seed: int
-
-    def hash_spec(self) -> HashTableSpec:
-        """This table's options as a frozen :class:`HashTableSpec`."""
-        assert isinstance(self, BaseEmbeddingConfig)
-        return HashTableSpec(
-            overflow=self.overflow,
-            eviction_policy=self.eviction_policy,
-            eviction_options=tuple(sorted(self.eviction_options.items())),
-            admission_policy=self.admission_policy,
-            admission_options=tuple(sorted(self.admission_options.items())),
-            not_admitted_value=float(self.not_admitted_value),
-            init_seed=int(self.init_seed),
-        )
-
-    def _validate(self) -> None:
-        assert isinstance(self, BaseEmbeddingConfig)
-        where = f"hash table {self.name!r}"
-        if self.num_embeddings < 2:
-            raise ConfigError(
-                f"{where}: num_embeddings is the row capacity and must be >= 2 (one row per shard holds the "
-                f"not-admitted vector), got {self.num_embeddings}"
-            )
-        if self.overflow not in OVERFLOW_RULES:
-            raise ConfigError(f"{where}: overflow must be one of {OVERFLOW_RULES}, got {self.overflow!r}")
-        if not self.eviction_policy:
-            raise ConfigError(f"{where}: eviction_policy must name a policy (see `torchrec-ascend policies`)")
-
-
-@dataclasses.dataclass
-class HashEmbeddingBagConfig(HashTableOptions, EmbeddingBagConfig):
-    """A pooled hash table: an ``EmbeddingBagConfig`` whose IDs are raw int64 values (see module docstring).
 
     Args:
         overflow: ``"error"`` (default) or ``"evict"`` when the capacity is full.
@@ -124,28 +85,40 @@ class HashEmbeddingBagConfig(HashTableOptions, EmbeddingBagConfig):
     init_seed: int = 0
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        self._validate()
+        super().__post_init__()  # type: ignore[misc]  # TorchRec's config (next in the MRO)
+        assert isinstance(self, BaseEmbeddingConfig)
+        where = f"hash table {self.name!r}"
+        if self.num_embeddings < 2:
+            raise ConfigError(
+                f"{where}: num_embeddings is the row capacity and must be >= 2 (one row per shard holds the "
+                f"not-admitted vector), got {self.num_embeddings}"
+            )
+        if self.overflow not in OVERFLOW_RULES:
+            raise ConfigError(f"{where}: overflow must be one of {OVERFLOW_RULES}, got {self.overflow!r}")
+        if not self.eviction_policy:
+            raise ConfigError(f"{where}: eviction_policy must name a policy (see `torchrec-ascend policies`)")
+
+    def hash_spec(self) -> HashTableSpec:
+        """This table's options as a frozen :class:`HashTableSpec`."""
+        return HashTableSpec(
+            overflow=self.overflow,
+            eviction_policy=self.eviction_policy,
+            eviction_options=tuple(sorted(self.eviction_options.items())),
+            admission_policy=self.admission_policy,
+            admission_options=tuple(sorted(self.admission_options.items())),
+            not_admitted_value=float(self.not_admitted_value),
+            init_seed=int(self.init_seed),
+        )
+
+
+@dataclasses.dataclass
+class HashEmbeddingBagConfig(HashTableOptions, EmbeddingBagConfig):
+    """A pooled hash table: an ``EmbeddingBagConfig`` whose IDs are raw int64 values (options: HashTableOptions)."""
 
 
 @dataclasses.dataclass
 class HashEmbeddingConfig(HashTableOptions, EmbeddingConfig):
-    """A sequence hash table: an ``EmbeddingConfig`` whose IDs are raw int64 values (see module docstring).
-
-    Takes the same extra arguments as :class:`HashEmbeddingBagConfig`.
-    """
-
-    overflow: str = "error"
-    eviction_policy: str = "lru"
-    eviction_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    admission_policy: Optional[str] = None
-    admission_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    not_admitted_value: float = 0.0
-    init_seed: int = 0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._validate()
+    """A sequence hash table: an ``EmbeddingConfig`` whose IDs are raw int64 values (options: HashTableOptions)."""
 
 
 def is_hash_config(config: Any) -> bool:
