@@ -244,14 +244,16 @@ class HashRows:
             kernel.unpack_rows(0, torch.tensor([3, 5]), packed)   # no change
         """
         parts = [self._pool_weights(t)[slots]]
-        parts += [s[slots].view(slots.numel(), -1) for s in self._pool_states(t)]
+        parts += [s[slots].view(slots.numel(), math.prod(s.shape[1:])) for s in self._pool_states(t)]
         return torch.cat(parts, dim=1)
 
     def unpack_rows(self, t: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write packed ``rows`` (``[n, row_width]``, see :meth:`pack_rows`) to pool rows ``slots`` of table ``t``."""
         cols = self._local_cols[t]  # type: ignore[attr-defined]
+        weights = self._pool_weights(t)
+        slots, rows = slots.to(weights.device), rows.to(weights.device)
         with torch.no_grad():
-            self._pool_weights(t)[slots] = rows[:, :cols]
+            weights[slots] = rows[:, :cols]
             start = cols
             for state in self._pool_states(t):
                 width = math.prod(state.shape[1:])
@@ -279,7 +281,7 @@ class HashRows:
             ids, last_used = table.slot_ids[slots], table.last_used[slots]
         else:
             ids, slots, last_used = table.held()
-        pool = ShardRows(ids, slots, last_used, self.pack_rows(t, slots))
+        pool = ShardRows(ids, slots, last_used, self.pack_rows(t, slots).cpu())
         if not changed_only:
             lower = (_lower_tier_rows(keys, rows) for keys, rows in self._stored_rows(t))
             return itertools.chain([pool], lower), _EMPTY

@@ -1,0 +1,357 @@
+"""Checkpoints of hash and KEY_VALUE tables: round trips, increments and resharding vs. a model that never stopped.
+
+Run with torchrun (``conformance_tests/launch.py``). The model: two hash tables (``user``, ``item``; FUSED or
+KEY_VALUE) and a plain KEY_VALUE table (``plain``), in an EmbeddingBagCollection (``ebc``) or EmbeddingCollection
+(``ec``), trained on global batches of ``GLOBAL_BATCH`` samples split evenly over the ranks, each rank's loss scaled by
+the world size, so the updates do not depend on the world size. Every KEY_VALUE shard has a tiny cache and host
+budget: rows live in all three tiers. A case is one of:
+
+* ``{"action": "save", "dir": D, "kind", "sharding_type", "kernel", "optimizer", "policy"}``: trains, saving a full
+  checkpoint and two increments to ``D/ckpt`` on the way, trains on (the model that never stopped), and writes what
+  it saw to ``D/reference.pt``.
+* ``{"action": "load", "dir": D, "sharding_type", "kernel", "world_size"}``: builds ``D``'s model on the first
+  ``world_size`` ranks with that layout and kernel for the hash tables, loads ``D/ckpt``, and trains on.
+* ``{"action": "round_trip", <save fields>, "load_sharding_type", "load_kernel", "load_world_size"}``: both, in a
+  temporary directory (what the conformance suite runs; :func:`conformance_cases`).
+
+``policy`` is ``"default"`` (admit all; FUSED tables never full) or ``"evict"`` (FUSED hash tables a fifth of the
+IDs in size: LFU eviction and count admission at work; use it with an unchanged layout).
+
+Reported: ``rows_err``, the largest difference of any (table, ID) row right after loading from the rows at the last
+save (inf when the ID sets differ); ``fwd_err`` / ``final_err``, the largest difference of the outputs while
+training on and of the final rows from the model that never stopped; ``stats_err`` (unchanged layout), the largest
+difference of the summed hash-table counters; ``exact``, whether every shard was restored with its layout
+unchanged; ``ids``, the IDs restored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torchrec
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
+from torchrec_ascend.checkpoint import Saver
+from torchrec_ascend.checkpoint.saver import local_shards
+from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, rows_of
+from torchrec_ascend.conformance_tests.plugin.runner import main
+
+DIM = 16
+HASH_TABLES = [("user", 3), ("item", 5)]  # name, init seed
+CAPACITY = {"default": 512, "evict": 64}  # rows per hash table: all IDs at 1 rank / a fifth of them
+PLAIN_ROWS = 64
+POOL = 300  # distinct IDs per hash feature
+GLOBAL_BATCH, MAX_LEN = 8, 3  # at most 24 IDs per feature per step: every cache below holds a batch
+CACHE_ROWS, HOST_KB = 24, 8
+SAVES = (3, 3, 2)  # steps before the full save, the first increment, the second increment
+CONTINUE = 4  # steps trained after the last save
+LR, EPS = 0.1, 1e-8
+RESHARD_TOLERANCE = 1e-5  # float summation order changes with the layout; an unchanged layout is bit for bit
+FEATURES = [f"f_{name}" for name, _ in HASH_TABLES] + ["f_plain"]
+DEVICE = torch.device("cpu")
+
+
+# -- the suite's protocol ----------------------------------------------------------------------------------------------
+
+
+def conformance_cases(world_size: int, quick: bool) -> List[Dict[str, Any]]:
+    """Self-contained round trips at ``world_size`` ranks: unchanged layouts (bit for bit, policies included) and
+    resharding (another sharding type, kernel, and for 2+ ranks a single rank)."""
+    spread = "row_wise" if world_size > 1 else "table_wise"
+    cases = [
+        _round_trip("ebc", spread, "key_value", "adagrad", "default", spread, "key_value", world_size),
+        _round_trip("ebc", spread, "fused", "rowwise_adagrad", "evict", spread, "fused", world_size),
+        _round_trip("ebc", "column_wise", "fused", "adagrad", "default", "table_wise", "key_value", 1),
+        _round_trip("ec", spread, "key_value", "sgd", "default", "table_wise", "fused", world_size),
+    ]
+    return cases[1:3] if quick else cases
+
+
+def check_result(result: Dict[str, Any]) -> None:
+    """Raise AssertionError saying what differs (see the module docstring for the fields)."""
+    assert not result.get("error"), result.get("traceback") or result["error"]
+    if result["action"] == "save":
+        assert result["saved_ids"] > 0, "the save case trained no IDs"
+        return
+    assert result["ids"] > 0, "nothing was restored: the case proves nothing"
+    assert result["rows_err"] == 0.0, f"rows right after loading differ from the saved ones by {result['rows_err']}"
+    if result["same_layout"]:  # same layout and world size: the same computation as the model that never stopped
+        assert result["exact"], "the layout is unchanged but some shard was resharded instead of restored exactly"
+        assert result["fwd_err"] == 0.0 and result["final_err"] == 0.0, (
+            f"restored with an unchanged layout but training differs from the model that never stopped: outputs by "
+            f"{result['fwd_err']}, final rows by {result['final_err']}"
+        )
+        assert result["stats_err"] == 0.0, f"hash-table counters differ by {result['stats_err']}"
+    else:
+        assert max(result["fwd_err"], result["final_err"]) <= RESHARD_TOLERANCE, (
+            f"resharded, then training differs from the model that never stopped: outputs by {result['fwd_err']}, "
+            f"final rows by {result['final_err']} (tolerance {RESHARD_TOLERANCE})"
+        )
+
+
+def _round_trip(kind: str, sharding_type: str, kernel: str, optimizer: str, policy: str,
+                load_sharding_type: str, load_kernel: str, load_world_size: int) -> Dict[str, Any]:
+    return {"action": "round_trip", "kind": kind, "sharding_type": sharding_type, "kernel": kernel,
+            "optimizer": optimizer, "policy": policy, "load_sharding_type": load_sharding_type,
+            "load_kernel": load_kernel, "load_world_size": load_world_size}
+
+
+# -- the model and its data --------------------------------------------------------------------------------------------
+
+
+def make_module(kind: str, policy: str, device: torch.device) -> torch.nn.Module:
+    options = {"overflow": "evict", "eviction_policy": "lfu", "admission_policy": "count",
+               "admission_options": {"threshold": 2}} if policy == "evict" else {}
+    hash_cls = HashEmbeddingConfig if kind == "ec" else HashEmbeddingBagConfig
+    plain_cls = torchrec.EmbeddingConfig if kind == "ec" else torchrec.EmbeddingBagConfig
+    tables = [hash_cls(name=n, num_embeddings=CAPACITY[policy], embedding_dim=DIM, feature_names=[f"f_{n}"],
+                       init_seed=seed, **options) for n, seed in HASH_TABLES]
+    tables.append(plain_cls(name="plain", num_embeddings=PLAIN_ROWS, embedding_dim=DIM, feature_names=["f_plain"]))
+    collection = torchrec.EmbeddingCollection if kind == "ec" else torchrec.EmbeddingBagCollection
+    return collection(tables=tables, device=device)
+
+
+def build(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, disk: str) -> DistributedModelParallel:
+    """``spec``'s model sharded over ``pg``: hash tables as asked; the plain table KEY_VALUE, row-wise (by row
+    ranges) unless the hash tables are (a module cannot mix row-wise hash and plain tables), else table-wise."""
+    device = DEVICE
+    torch.manual_seed(0)  # the plain table's initial rows
+    module = make_module(spec["kind"], spec["policy"], device)
+    lookups = module.embeddings if spec["kind"] == "ec" else module.embedding_bags
+    cls, kwargs = OPTIMIZERS[spec["optimizer"]]
+    apply_optimizer_in_backward(cls, [lookup.weight for lookup in lookups.values()], dict(kwargs))
+    world = pg.size()
+    plain_sharding = "table_wise" if sharding_type == "row_wise" else "row_wise"
+    constraints = {}
+    for name, rows, table_kernel, table_sharding in [
+        (n, CAPACITY[spec["policy"]], kernel, sharding_type) for n, _ in HASH_TABLES
+    ] + [("plain", PLAIN_ROWS, "key_value", plain_sharding)]:
+        shard_rows = rows // world if table_sharding == "row_wise" else rows
+        key_value = table_kernel == "key_value"
+        constraints[name] = ParameterConstraints(
+            sharding_types=[table_sharding], compute_kernels=[table_kernel], min_partition=8,
+            cache_params=CacheParams(load_factor=min(1.0, CACHE_ROWS / shard_rows)) if key_value else None,
+            key_value_params=KeyValueParams(l2_cache_size=HOST_KB / 1024**2, ssd_storage_directory=disk)
+            if key_value else None,
+        )
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device=device.type),
+                                       constraints=constraints)
+    sharders = get_default_hybrid_sharders()
+    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=device,
+                                    plan=planner.plan(module, sharders), sharders=sharders)
+
+
+def global_batch(step: int) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]]:
+    """Per feature, the global batch's lengths ``[GLOBAL_BATCH]`` and values (raw IDs; rows for ``f_plain``)."""
+    gen = torch.Generator().manual_seed(7919 * step + 1)
+    out = {}
+    for t, feature in enumerate(FEATURES):
+        lengths = torch.randint(0, MAX_LEN + 1, (GLOBAL_BATCH,), generator=gen)
+        n = int(lengths.sum())
+        if feature == "f_plain":
+            values = torch.randint(0, PLAIN_ROWS, (n,), generator=gen)
+        else:
+            hot = torch.randint(0, POOL // 8, (n,), generator=gen)  # a hot set and a long tail
+            tail = torch.randint(0, POOL, (n,), generator=gen)
+            values = torch.where(torch.rand(n, generator=gen) < 0.5, hot, tail) * 1_000_003 + t * 2**40
+        out[feature] = (lengths, values)
+    return out
+
+
+def local_part(step: int, rank: int, world: int) -> Tuple[KeyedJaggedTensor, Dict[str, Tuple[int, int]]]:
+    """This rank's samples of the global batch, and per feature its range of output rows in the global order."""
+    lo, hi = rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world
+    lengths, values, ranges = [], [], {}
+    for feature, (all_lengths, all_values) in global_batch(step).items():
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), all_lengths.cumsum(0)])
+        lengths.append(all_lengths[lo:hi])
+        values.append(all_values[int(offsets[lo]):int(offsets[hi])])
+        ranges[feature] = (int(offsets[lo]), int(offsets[hi])), (lo, hi)
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=FEATURES, values=torch.cat(values), lengths=torch.cat(lengths))
+    return kjt.to(DEVICE), ranges
+
+
+def train_step(model: Any, kind: str, step: int, pg: Any) -> List[torch.Tensor]:
+    """One step on this rank's part of the global batch; returns the global outputs, one block per feature."""
+    rank, world = pg.rank(), pg.size()
+    kjt, ranges = local_part(step, rank, world)
+    blocks = rows_of(kind, model(kjt), kjt)
+    loss = 0.0
+    for feature, block in zip(sorted(FEATURES), blocks):
+        (value_lo, value_hi), (sample_lo, sample_hi) = ranges[feature]
+        lo, hi, total = (value_lo, value_hi, None) if kind == "ec" else (sample_lo, sample_hi, GLOBAL_BATCH)
+        if total is None:
+            total = int(global_batch(step)[feature][0].sum())
+        gen = torch.Generator().manual_seed(1000 * step + FEATURES.index(feature))
+        upstream = torch.randn(total, DIM, generator=gen)[lo:hi].to(block.device)
+        loss = loss + (block * upstream).sum()
+    (loss * world).backward()  # TorchRec averages embedding gradients over ranks: undo it, for world-free updates
+    gathered: List[Any] = [None] * world
+    dist.all_gather_object(gathered, [b.detach().cpu() for b in blocks], group=pg)
+    return [torch.cat([parts[f] for parts in gathered]) for f in range(len(blocks))]
+
+
+def gathered_rows(model: Any, pg: Any) -> Dict[str, Dict[int, torch.Tensor]]:
+    """Table -> global ID -> full row (weights), from every tier of every rank's shards."""
+    local = []
+    for kernel, t, layout in local_shards(model):
+        blocks, _ = kernel.export_shard(t)
+        for block in blocks:
+            local.append((layout.table, layout.to_global(block.ids).tolist(), block.rows[:, : layout.cols], layout.col0))
+    gathered: List[Any] = [None] * pg.size()
+    dist.all_gather_object(gathered, local, group=pg)
+    pieces: Dict[str, Dict[int, Dict[int, torch.Tensor]]] = {}
+    for rank_parts in gathered:
+        for table, ids, rows, col0 in rank_parts:
+            for i, row in zip(ids, rows):
+                pieces.setdefault(table, {}).setdefault(i, {})[col0] = row
+    return {table: {i: torch.cat([cols[c] for c in sorted(cols)]) for i, cols in ids.items()}
+            for table, ids in pieces.items()}
+
+
+def stats(model: Any, pg: Any) -> Dict[str, int]:
+    """Hash-table counters summed over tables, shards and ranks (column shards count once per row block)."""
+    local: Dict[str, int] = {}
+    for kernel, t, layout in local_shards(model):
+        if layout.col0 == 0:
+            for name, value in kernel.slot_table(t).stats().items():
+                local[name] = local.get(name, 0) + value
+    gathered: List[Any] = [None] * pg.size()
+    dist.all_gather_object(gathered, local, group=pg)
+    return {k: sum(g.get(k, 0) for g in gathered) for k in sorted({k for g in gathered for k in g})}
+
+
+def row_diff(a: Dict[str, Dict[int, torch.Tensor]], b: Dict[str, Dict[int, torch.Tensor]]) -> float:
+    if a.keys() != b.keys() or any(a[t].keys() != b[t].keys() for t in a):
+        return float("inf")
+    return max((max(((a[t][i] - b[t][i]).abs().max().item() for i in a[t]), default=0.0) for t in a), default=0.0)
+
+
+def output_diff(a: List[List[torch.Tensor]], b: List[List[torch.Tensor]]) -> float:
+    return max((x - y).abs().max().item() if x.numel() else 0.0 for sa, sb in zip(a, b) for x, y in zip(sa, sb))
+
+
+# -- the actions -------------------------------------------------------------------------------------------------------
+
+
+def save_action(case: Dict[str, Any], pg: Any, directory: str) -> Dict[str, Any]:
+    """Train with saves on the way, then on without stopping; write the reference for the loads."""
+    model = build(case, case["sharding_type"], case["kernel"], pg, os.path.join(directory, "disk"))
+    saver = Saver(process_group=pg)
+    step = 0
+    for i, steps in enumerate(SAVES):
+        for _ in range(steps):
+            train_step(model, case["kind"], step, pg)
+            step += 1
+        saver.save(model, os.path.join(directory, "ckpt"), incremental=i > 0)
+    kinds = [info.kind for info in Saver.versions(os.path.join(directory, "ckpt"))]
+    saved = gathered_rows(model, pg)
+    outputs = [train_step(model, case["kind"], step + k, pg) for k in range(CONTINUE)]
+    reference = {"saved": _rows_payload(saved), "outputs": outputs, "final": _rows_payload(gathered_rows(model, pg)),
+                 "stats": stats(model, pg), "step": step}
+    if pg.rank() == 0:
+        torch.save(reference, os.path.join(directory, "reference.pt"))
+        with open(os.path.join(directory, "case.json"), "w") as f:
+            json.dump({**case, "world_size": pg.size()}, f)
+    dist.barrier(group=pg)
+    return {"saved_ids": sum(len(ids) for ids in saved.values()), "save_kinds": kinds}
+
+
+def load_action(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, directory: str,
+                same_layout: bool) -> Dict[str, Any]:
+    """Load ``directory``'s checkpoint into ``spec``'s model laid out as asked, train on, compare."""
+    reference = torch.load(os.path.join(directory, "reference.pt"), weights_only=True)
+    disk = tempfile.mkdtemp(prefix="disk-", dir=directory) if pg.rank() == 0 else None
+    model = build(spec, sharding_type, kernel, pg, _broadcast(disk, pg))
+    info = Saver(process_group=pg).load(model, os.path.join(directory, "ckpt"))
+    exact = all(kernel.slot_table(t).checkpoint_mark == info.id for kernel, t, _ in local_shards(model))
+    exact = all(_gather(exact, pg))
+    loaded = gathered_rows(model, pg)
+    rows_err = row_diff(loaded, _rows_of_payload(reference["saved"]))
+    outputs = [train_step(model, spec["kind"], reference["step"] + k, pg) for k in range(CONTINUE)]
+    result = {
+        "rows_err": rows_err,
+        "fwd_err": output_diff(outputs, reference["outputs"]),
+        "final_err": row_diff(gathered_rows(model, pg), _rows_of_payload(reference["final"])),
+        "exact": exact,
+        "ids": sum(len(ids) for ids in loaded.values()),
+        "chain": list(info.chain),
+        "same_layout": same_layout,
+    }
+    if same_layout:
+        after = stats(model, pg)
+        result["stats_err"] = float(max(abs(after.get(k, 0) - reference["stats"].get(k, 0)) for k in after))
+    return result
+
+
+def run_case(case: Dict[str, Any], world: Any) -> Dict[str, Any]:
+    action = case["action"]
+    if action == "save":
+        return save_action(case, world, case["dir"])
+    if action == "load":
+        spec = json.load(open(os.path.join(case["dir"], "case.json")))
+        pg = _subgroup(world, case.get("world_size", world.size()))
+        if pg is None:
+            return {}
+        same = (case["sharding_type"], case["kernel"], pg.size()) == (
+            spec["sharding_type"], spec["kernel"], spec["world_size"])
+        return load_action(spec, case["sharding_type"], case["kernel"], pg, case["dir"], same)
+    directory = _broadcast(tempfile.mkdtemp(prefix="ckpt-") if world.rank() == 0 else None, world)
+    saved = save_action(case, world, directory)
+    pg = _subgroup(world, case["load_world_size"])
+    result: Dict[str, Any] = {**saved}
+    if pg is not None:
+        same = (case["load_sharding_type"], case["load_kernel"], pg.size()) == (
+            case["sharding_type"], case["kernel"], world.size())
+        result.update(load_action(case, case["load_sharding_type"], case["load_kernel"], pg, directory, same))
+    dist.barrier(group=world)
+    return result
+
+
+def _subgroup(world: Any, size: int) -> Optional[Any]:
+    """The first ``size`` ranks as a process group (None on the other ranks); every rank must call it."""
+    if size == world.size():
+        return world
+    group = dist.new_group(ranks=list(range(size)))
+    return group if world.rank() < size else None
+
+
+def _broadcast(value: Any, pg: Any) -> Any:
+    box = [value]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
+    return box[0]
+
+
+def _gather(value: Any, pg: Any) -> List[Any]:
+    out: List[Any] = [None] * pg.size()
+    dist.all_gather_object(out, value, group=pg)
+    return out
+
+
+def _rows_payload(rows: Dict[str, Dict[int, torch.Tensor]]) -> Dict[str, Dict[str, torch.Tensor]]:
+    """Rows as tensors only (``torch.load(weights_only=True)`` reads them back)."""
+    out = {}
+    for table, by_id in rows.items():
+        ids = sorted(by_id)
+        out[table] = {"ids": torch.tensor(ids, dtype=torch.int64),
+                      "rows": torch.stack([by_id[i] for i in ids]) if ids else torch.empty(0, DIM)}
+    return out
+
+
+def _rows_of_payload(payload: Dict[str, Dict[str, torch.Tensor]]) -> Dict[str, Dict[int, torch.Tensor]]:
+    return {table: dict(zip(p["ids"].tolist(), p["rows"])) for table, p in payload.items()}
+
+
+if __name__ == "__main__":
+    sys.exit(main(__doc__, run_case, worst=("rows_err", "fwd_err", "final_err", "stats_err")))

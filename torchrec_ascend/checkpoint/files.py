@@ -1,0 +1,236 @@
+"""Checkpoint files: raw arrays in one data file per rank, JSON metadata, atomic writes, checksums; no pickle.
+
+A data file is a 16-byte header (magic, format version) followed by arrays written back to back (64-byte aligned);
+what is where lives in the metadata, one entry per array: offset, byte count, numpy dtype string, shape and CRC-32.
+Only plain numeric dtypes are accepted back (bool, integers, floats), so reading never executes anything.
+
+Every file is written atomically: to a temporary name in the same directory, flushed and fsynced, renamed into
+place, then the directory is fsynced so the rename itself survives a power loss. A reader sees the old file or the
+complete new one, never a torn one. Anything that does not read back intact (missing, truncated, wrong magic,
+checksum mismatch, malformed JSON) raises :class:`StorageError` naming the file.
+
+Example::
+
+    with ArrayFileWriter("/ckpt/save-00000001/rank-00000-of-00001.data") as writer:
+        entry = writer.add(np.arange(4))
+        writer.commit()
+    read_array("/ckpt/save-00000001/rank-00000-of-00001.data", entry, "ids of table 'user'")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from torchrec_ascend.errors import StorageError
+
+FORMAT_VERSION = 1
+MAGIC = b"TRACKPT\x00"
+HEADER = MAGIC + struct.pack("<II", FORMAT_VERSION, 0)
+ALIGN = 64
+NUMERIC_KINDS = "biuf"  # numpy dtype kinds a checkpoint may hold: bool, signed, unsigned, float
+_CRC_CHUNK = 1 << 26
+
+
+def fsync_directory(path: str) -> None:
+    """Make a rename or file creation inside ``path`` durable (fsync of the directory itself).
+
+    Raises:
+        StorageError: the directory cannot be opened or synced.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as error:
+        raise StorageError(f"checkpoint directory '{path}': cannot sync it to disk: {error}") from error
+
+
+def crc32(data: memoryview) -> int:
+    """CRC-32 of ``data`` (in chunks: zlib takes at most 4 GiB at once)."""
+    value = 0
+    for start in range(0, len(data), _CRC_CHUNK):
+        value = zlib.crc32(data[start : start + _CRC_CHUNK], value)
+    return value
+
+
+class ArrayFileWriter:
+    """Writes numpy arrays into one data file, atomically: nothing appears under ``path`` before :meth:`commit`.
+
+    Args:
+        path: the final file name (its directory must exist).
+
+    Raises:
+        StorageError: the temporary file cannot be created.
+
+    Example::
+
+        with ArrayFileWriter(path) as writer:
+            entries = {"ids": writer.add(ids.numpy())}
+            writer.commit()
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        directory, name = os.path.split(path)
+        self._tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+        try:
+            self._file = open(self._tmp, "wb")
+            self._file.write(HEADER)
+        except OSError as error:
+            raise StorageError(f"checkpoint file '{path}': cannot create it: {error}") from error
+        self._offset = len(HEADER)
+        self._committed = False
+
+    def __enter__(self) -> "ArrayFileWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._committed:
+            self.abort()
+
+    def add(self, array: np.ndarray) -> Dict[str, Any]:
+        """Append ``array``; returns its metadata entry (``offset``, ``nbytes``, ``dtype``, ``shape``, ``crc32``).
+
+        Raises:
+            StorageError: a non-numeric dtype, or the write failed (disk full...).
+        """
+        if array.dtype.kind not in NUMERIC_KINDS:
+            raise StorageError(f"checkpoint file '{self.path}': cannot store arrays of dtype {array.dtype}")
+        array = np.ascontiguousarray(array)
+        data = memoryview(array).cast("B") if array.size else memoryview(b"")
+        padding = -self._offset % ALIGN
+        try:
+            self._file.write(b"\0" * padding)
+            self._file.write(data)
+        except OSError as error:
+            raise StorageError(f"checkpoint file '{self.path}': write failed: {error}") from error
+        entry = {
+            "offset": self._offset + padding,
+            "nbytes": len(data),
+            "dtype": array.dtype.str,
+            "shape": list(array.shape),
+            "crc32": crc32(data),
+        }
+        self._offset += padding + len(data)
+        return entry
+
+    def commit(self) -> int:
+        """Flush, fsync and rename the file into place, then fsync its directory; returns the file's size.
+
+        Raises:
+            StorageError: any step failed (the temporary file is removed; ``path`` is untouched).
+        """
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            os.replace(self._tmp, self.path)
+        except OSError as error:
+            self.abort()
+            raise StorageError(f"checkpoint file '{self.path}': cannot complete it: {error}") from error
+        self._committed = True
+        fsync_directory(os.path.dirname(self.path) or ".")
+        return self._offset
+
+    def abort(self) -> None:
+        """Drop the temporary file (the final name never appears)."""
+        self._file.close()
+        if os.path.exists(self._tmp):
+            os.remove(self._tmp)
+
+
+def read_array(path: str, entry: Dict[str, Any], what: str) -> np.ndarray:
+    """Read one array of a data file back, checking the header, the size and the checksum.
+
+    Args:
+        path: the data file.
+        entry: the array's metadata entry (from :meth:`ArrayFileWriter.add`).
+        what: names the array in messages (e.g. ``"rows of table 'user'"``).
+
+    Returns:
+        np.ndarray: a fresh, writable array of the recorded dtype and shape.
+
+    Raises:
+        StorageError: the file is missing, truncated or corrupted, or the entry is malformed.
+    """
+    try:
+        dtype = np.dtype(entry["dtype"])
+        shape = tuple(int(n) for n in entry["shape"])
+        offset, nbytes, expected = int(entry["offset"]), int(entry["nbytes"]), int(entry["crc32"])
+    except (KeyError, TypeError, ValueError) as error:
+        raise StorageError(f"checkpoint file '{path}': the metadata entry of {what} is malformed: {error}") from error
+    if dtype.kind not in NUMERIC_KINDS or dtype.itemsize * int(np.prod(shape)) != nbytes:
+        raise StorageError(f"checkpoint file '{path}': the metadata entry of {what} is inconsistent ({entry})")
+    out = np.empty(shape, dtype=dtype)
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(HEADER)) != HEADER:
+                raise StorageError(
+                    f"checkpoint file '{path}' is not a torchrec-ascend checkpoint data file of format version "
+                    f"{FORMAT_VERSION} (bad header); it is corrupted or from another version"
+                )
+            size = os.fstat(f.fileno()).st_size
+            if offset + nbytes > size:
+                raise StorageError(
+                    f"checkpoint file '{path}' is truncated: {what} needs bytes {offset}..{offset + nbytes} but the "
+                    f"file has {size}; load an earlier checkpoint version"
+                )
+            f.seek(offset)
+            view = memoryview(out).cast("B") if nbytes else memoryview(bytearray())
+            if f.readinto(view) != nbytes:
+                raise StorageError(f"checkpoint file '{path}': short read of {what}")
+    except OSError as error:
+        raise StorageError(f"checkpoint file '{path}': cannot read {what}: {error}") from error
+    if crc32(view) != expected:
+        raise StorageError(
+            f"checkpoint file '{path}' is corrupted: the checksum of {what} does not match; load an earlier "
+            "checkpoint version"
+        )
+    return out
+
+
+def write_json(path: str, content: Dict[str, Any]) -> None:
+    """Write ``content`` as JSON to ``path`` atomically (temporary file, fsync, rename, directory fsync).
+
+    Raises:
+        StorageError: the file cannot be written.
+    """
+    directory, name = os.path.split(path)
+    tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(content, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as error:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise StorageError(f"checkpoint file '{path}': cannot write it: {error}") from error
+    fsync_directory(directory or ".")
+
+
+def read_json(path: str) -> Optional[Dict[str, Any]]:
+    """The JSON object in ``path``, or None if the file does not exist.
+
+    Raises:
+        StorageError: the file exists but is not a JSON object (truncated or corrupted).
+    """
+    try:
+        with open(path) as f:
+            content = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise StorageError(f"checkpoint file '{path}' cannot be read as JSON: {error}; it is corrupted") from error
+    if not isinstance(content, dict):
+        raise StorageError(f"checkpoint file '{path}' does not hold a JSON object; it is corrupted")
+    return content

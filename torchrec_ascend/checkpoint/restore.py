@@ -1,0 +1,153 @@
+"""Loading one rank's table shards from a checkpoint: exactly when the layout is unchanged, else by resharding.
+
+For each table shard of the model on this rank:
+
+* **same layout** (a saved shard with an identical :class:`ShardLayout`: place, capacity, kernel, optimizer
+  states, policies): the saved records and state are restored as they were: IDs at their slots, KEY_VALUE rows in
+  the cache or below it as saved, the ID map's free slots, policy state, step, counters. Training continues
+  bit for bit.
+* **any other layout** (another world size, sharding type, column split, capacity, kernel or policy): the shard
+  takes the IDs it owns from every saved shard of the table, its columns from the saved column shards, weights and
+  optimizer state together (:func:`~torchrec_ascend.checkpoint.records.assemble`). FUSED shards hold them in their
+  pool (sorted by ID), KEY_VALUE shards in their host store (the cache fills on demand). Lookups and optimizer
+  updates are unchanged; policies start over (every ID counts as inserted at the saved step, admission state
+  empty) and the table's counters move to its first row block.
+
+Example::
+
+    exact = restore_shards(shards, chain, strict=True)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Tuple
+
+import torch
+
+from torchrec_ascend.checkpoint.layout import ShardLayout
+from torchrec_ascend.checkpoint.records import assemble
+from torchrec_ascend.checkpoint.shard_files import read_chain_records, read_shard_state
+from torchrec_ascend.errors import ConfigError, StorageError
+from torchrec_ascend.kernels.fused import HashRows, ShardRows
+
+logger = logging.getLogger(__name__)
+
+LocalShard = Tuple[HashRows, int, ShardLayout]
+Chain = List[Tuple[str, Dict[str, Any]]]
+
+
+def restore_shards(shards: List[LocalShard], chain: Chain, strict: bool) -> List[bool]:
+    """Restore every shard of ``shards`` from the saves of ``chain`` (full save first).
+
+    Args:
+        shards: ``(kernel, table index, layout)`` of this rank's table shards.
+        chain: ``(directory, metadata)`` of the saves to read.
+        strict: a table absent from the checkpoint is an error; else it is left as it is (with a warning).
+
+    Returns:
+        List[bool]: per shard, whether it was restored exactly (same layout) rather than resharded.
+
+    Raises:
+        ConfigError: a table is missing (``strict``), or saved with another dimension, key kind or optimizer.
+        StorageError: a checkpoint file is missing, truncated or corrupted, or the saved shards are inconsistent.
+        CapacityError: a FUSED shard cannot hold the IDs it owns.
+    """
+    directory, final = chain[-1]
+    saved: Dict[str, List[Tuple[ShardLayout, Dict[str, Any]]]] = {}
+    for entry in final["shards"]:
+        layout = _layout_of(entry, directory)
+        saved.setdefault(layout.table, []).append((layout, entry))
+    exact_flags = []
+    iterations: Dict[int, int] = {}
+    for kernel, t, layout in shards:
+        sources = saved.get(layout.table)
+        if not sources:
+            if strict:
+                raise ConfigError(
+                    f"table {layout.table!r} is not in the checkpoint at '{directory}' (it holds "
+                    f"{sorted(saved)}); load with strict=False to leave it as initialised"
+                )
+            logger.warning("checkpoint at '%s' has no table %r; it keeps its current state", directory, layout.table)
+            exact_flags.append(False)
+            continue
+        _check_compatible(layout, sources[0][0], directory)
+        exact = next((entry for source, entry in sources if source == layout), None)
+        if exact is not None:
+            records = read_chain_records(_entries_of(chain, layout))
+            state = read_shard_state(directory, exact)
+        else:
+            records, state = _resharded(layout, sources, chain)
+        kernel.restore_shard(t, ShardRows(layout.to_local(records.ids), records.slots, records.last_used,
+                                          records.rows), state)
+        iterations[id(kernel)] = max(iterations.get(id(kernel), 0), int(state.get("iteration", 0)))
+        exact_flags.append(exact is not None)
+    for kernel, _, _ in shards:
+        if id(kernel) in iterations:
+            kernel.set_optimizer_iteration(iterations[id(kernel)])
+    return exact_flags
+
+
+def _resharded(
+    layout: ShardLayout, sources: List[Tuple[ShardLayout, Dict[str, Any]]], chain: Chain
+) -> Tuple[ShardRows, Dict[str, Any]]:
+    """The records and state of a shard whose layout no saved shard has."""
+    overlapping = [(s, e) for s, e in sources if min(s.col0 + s.cols, layout.col0 + layout.cols) > max(s.col0, layout.col0)]
+    pieces = [(source, read_chain_records(_entries_of(chain, source), keep=layout.owns)) for source, _ in overlapping]
+    records = assemble(layout, pieces)
+    n = records.ids.numel()
+    slots = torch.full((n,), -1, dtype=torch.int64) if layout.key_value else torch.arange(n, dtype=torch.int64)
+    last_used = torch.zeros(n, dtype=torch.int64) if layout.key_value else records.last_used
+    states = [entry["state"] for _, entry in sources]
+    state: Dict[str, Any] = {
+        "step": max(int(s.get("step", 0)) for s in states),
+        "iteration": max(int(s.get("iteration", 0)) for s in states),
+    }
+    if layout.bucket == 0 and layout.row_offset == 0:  # the table's totals go to its first row block
+        first_columns = {}
+        for source, entry in sources:
+            first_columns.setdefault(source.block, entry["state"])  # one column shard per saved row block
+        for key in ("counters", "swaps"):
+            totals: Dict[str, int] = {}
+            for saved_state in first_columns.values():
+                for name, value in saved_state.get(key, {}).items():
+                    totals[name] = totals.get(name, 0) + int(value)
+            state[key] = totals
+    return ShardRows(records.ids, slots, last_used, records.rows), state
+
+
+def _entries_of(chain: Chain, layout: ShardLayout) -> List[Tuple[str, Dict[str, Any]]]:
+    """The shard entry with ``layout`` in every save of the chain."""
+    out = []
+    for directory, metadata in chain:
+        entry = next((e for e in metadata["shards"] if _layout_of(e, directory) == layout), None)
+        if entry is None:
+            raise StorageError(
+                f"checkpoint save '{directory}' has no shard of table {layout.table!r} with the layout of the later "
+                "saves of its chain; the checkpoint is inconsistent"
+            )
+        out.append((directory, entry))
+    return out
+
+
+def _layout_of(entry: Dict[str, Any], directory: str) -> ShardLayout:
+    try:
+        return ShardLayout.from_json(entry["layout"])
+    except (KeyError, TypeError) as error:
+        raise StorageError(f"checkpoint save '{directory}': a shard's layout in its metadata is malformed: {error}")
+
+
+def _check_compatible(layout: ShardLayout, saved: ShardLayout, directory: str) -> None:
+    problems = []
+    if layout.dim != saved.dim:
+        problems.append(f"embedding_dim {saved.dim} saved, {layout.dim} now")
+    if layout.hash_ids != saved.hash_ids:
+        problems.append("saved as a " + ("hash" if saved.hash_ids else "plain") + " table")
+    if layout.states != saved.states or layout.optimizer != saved.optimizer:
+        problems.append(f"optimizer states {list(saved.states)} ({saved.optimizer}) saved, {list(layout.states)} "
+                        f"({layout.optimizer}) now")
+    if problems:
+        raise ConfigError(
+            f"table {layout.table!r} does not match the checkpoint at '{directory}': {'; '.join(problems)}. Load "
+            "into a model built with the table's saved options and optimizer"
+        )

@@ -1,0 +1,123 @@
+"""One table shard in a checkpoint: its records and state written to a rank's data file, and read back.
+
+A shard's metadata entry holds its :class:`ShardLayout`, the JSON part of its state (step, counters, optimizer
+iteration...), and the array entries of the rest: record blocks (``ids`` as global IDs, ``slots``, ``last_used``,
+``rows``), the IDs an incremental save drops (``removed``), and the state tensors (the ID map's free slots, each
+policy's state dict as ``eviction/<name>`` / ``admission/<name>``).
+
+Example::
+
+    entry = write_shard(writer, layout, blocks, removed, kernel.shard_state(t))
+    records = read_chain_records([(save_dir, entry)], keep=layout.owns)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from torchrec_ascend.checkpoint.files import ArrayFileWriter, read_array
+from torchrec_ascend.checkpoint.layout import ShardLayout
+from torchrec_ascend.checkpoint.records import apply_increment, concat, empty, select
+from torchrec_ascend.kernels.fused import ShardRows
+
+RECORD_FIELDS = ("ids", "slots", "last_used", "rows")
+
+
+def write_shard(
+    writer: ArrayFileWriter,
+    layout: ShardLayout,
+    blocks: Iterable[ShardRows],
+    removed: torch.Tensor,
+    state: Dict[str, Any],
+) -> Dict[str, Any]:
+    """Append one shard's records and state to ``writer``; returns the shard's metadata entry.
+
+    Args:
+        writer: the rank's data file.
+        layout: the shard's layout.
+        blocks: its records, keys as the slot table holds them (converted to global IDs here).
+        removed: IDs an incremental save drops (slot table keys).
+        state: :meth:`HashRows.shard_state` (tensors, dicts of tensors and JSON values).
+
+    Raises:
+        StorageError: the write failed.
+    """
+    entry: Dict[str, Any] = {"layout": layout.to_json(), "file": os.path.basename(writer.path), "blocks": []}
+    for block in blocks:
+        if block.ids.numel():
+            block = ShardRows(layout.to_global(block.ids), block.slots, block.last_used, block.rows)
+            entry["blocks"].append({f: writer.add(_numpy(getattr(block, f))) for f in RECORD_FIELDS})
+    arrays = {"removed": writer.add(_numpy(layout.to_global(removed)))}
+    values = {}
+    for key, value in state.items():
+        if isinstance(value, torch.Tensor):
+            arrays[key] = writer.add(_numpy(value))
+        elif isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()) and value:
+            arrays.update({f"{key}/{name}": writer.add(_numpy(v)) for name, v in value.items()})
+        else:
+            values[key] = value
+    entry["arrays"], entry["state"] = arrays, values
+    return entry
+
+
+def read_shard_state(directory: str, entry: Dict[str, Any]) -> Dict[str, Any]:
+    """The state :func:`write_shard` wrote (tensors, policy state dicts and JSON values), read back."""
+    state: Dict[str, Any] = dict(entry["state"])
+    state.setdefault("eviction", {})
+    state.setdefault("admission", {})
+    for key, array_entry in entry["arrays"].items():
+        if key == "removed":
+            continue
+        value = torch.from_numpy(_read(directory, entry, array_entry, key))
+        if "/" in key:
+            group, name = key.split("/", 1)
+            state[group][name] = value
+        else:
+            state[key] = value
+    return state
+
+
+def read_chain_records(
+    chain: List[Tuple[str, Dict[str, Any]]], keep: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+) -> ShardRows:
+    """A shard's records after a full save and its increments, keyed by global ID.
+
+    Args:
+        chain: ``(save directory, shard entry)`` from the full save to the latest increment, in order.
+        keep: a mask over global IDs (the IDs a new shard owns); records of other IDs are dropped as read.
+
+    Raises:
+        StorageError: a data file is missing, truncated or corrupted.
+    """
+    width = ShardLayout.from_json(chain[0][1]["layout"]).width
+    records = empty(width)
+    for directory, entry in chain:
+        changed = concat([_read_block(directory, entry, block, keep) for block in entry["blocks"]], width)
+        removed = torch.from_numpy(_read(directory, entry, entry["arrays"]["removed"], "removed"))
+        records = apply_increment(records, changed, removed)
+    return records
+
+
+def _read_block(
+    directory: str, entry: Dict[str, Any], block: Dict[str, Any], keep: Optional[Callable[[torch.Tensor], torch.Tensor]]
+) -> ShardRows:
+    ids = torch.from_numpy(_read(directory, entry, block["ids"], "ids"))
+    mask = keep(ids) if keep is not None else None
+    fields = {"ids": ids}
+    for name in RECORD_FIELDS[1:]:
+        fields[name] = torch.from_numpy(_read(directory, entry, block[name], name))
+    records = ShardRows(**fields)
+    return select(records, mask) if mask is not None else records
+
+
+def _read(directory: str, entry: Dict[str, Any], array_entry: Dict[str, Any], what: str) -> np.ndarray:
+    table = entry["layout"]["table"]
+    return read_array(os.path.join(directory, entry["file"]), array_entry, f"{what} of table {table!r}")
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().contiguous().numpy()
