@@ -9,7 +9,7 @@ Per benchmark the report gives the command, the baseline, the medians and ratios
 met; its header states the date, the machine and the load on it (2 shared cores here: expect 10-30 % run-to-run
 noise; every ratio is against a baseline measured in the same run).
 
-Run (about 5 minutes here)::
+Run (about 4-5 minutes here)::
 
     bash scripts/run-benchmarks                    # or: .venv/bin/python benchmarks/run_all.py
     .venv/bin/python benchmarks/run_all.py --smoke --report /tmp/REPORT.md   # tiny sizes: checks they all run
@@ -279,7 +279,7 @@ def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, loa
         "# Benchmark report",
         "",
         f"Written by `benchmarks/run_all.py{' --smoke' if smoke else ''}` (`bash scripts/run-benchmarks`) on "
-        f"{started:%Y-%m-%d %H:%M} UTC; {len(outcomes)} benchmarks in {total / 60:.1f} minutes.",
+        f"{started:%Y-%m-%d %H:%M} UTC; {len(outcomes)} benchmark(s) in {total / 60:.1f} minutes.",
         "",
         *machine(),
         f"- Load average (1/5/15 min) before: {load_before}; after: {load()}. The machine is shared: other jobs "
