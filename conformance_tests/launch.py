@@ -3,6 +3,12 @@
 One launch runs many cases in one process group: starting processes and importing torchrec costs seconds, so the
 suite pays it once per script, not once per case.
 
+Where the ranks run is passed through the environment, so the scripts need no device arguments: the suite sets
+:data:`DEVICE_ENV` (the ``torch.device`` type) and :data:`BACKEND_ENV` (the collective backend) from the device's
+backend profile (:func:`script_env`); a script reads them with :func:`script_device` and
+:func:`process_group_backend` and reports ``info["device"]`` in its results (:func:`ran_on` reads it back). Unset,
+they mean the CPU with gloo.
+
 Example::
 
     results = run_distributed(STOCK_SCRIPTS / "sharding_matrix.py", world_size=2, cases=[{"kind": "copy"}])
@@ -19,6 +25,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 STOCK_SCRIPTS = Path(__file__).parent / "stock"
+#: ``torch.device`` type the scripts place models and batches on (default ``cpu``).
+DEVICE_ENV = "TORCHREC_ASCEND_CONFORMANCE_DEVICE"
+#: ``torch.distributed`` backend the scripts initialise their process group with (default ``gloo``).
+BACKEND_ENV = "TORCHREC_ASCEND_CONFORMANCE_BACKEND"
+_DEFAULT_DEVICE, _DEFAULT_BACKEND = "cpu", "gloo"
 
 
 class LaunchError(RuntimeError):
@@ -59,6 +70,60 @@ def run_distributed(
         if proc.returncode != 0 or not out.exists():
             raise LaunchError(f"{script.name} exited {proc.returncode}:\n{_tail(proc.stdout, proc.stderr)}")
         return json.loads(out.read_text())
+
+
+def script_env(device_type: str, collective_backend: str) -> Dict[str, str]:
+    """The environment telling a script's ranks where to run (pass it as ``run_distributed(..., env=...)``).
+
+    Args:
+        device_type: ``torch.device`` type, e.g. the backend profile's ``device_type``.
+        collective_backend: ``torch.distributed`` backend, e.g. the profile's ``collective_backend``.
+
+    Example::
+
+        profile = backends.profile_for("cpu")
+        run_distributed(script, 2, cases, env=script_env(profile.device_type, profile.collective_backend))
+    """
+    return {DEVICE_ENV: device_type, BACKEND_ENV: collective_backend}
+
+
+def process_group_backend() -> str:
+    """The collective backend a script should pass to ``init_process_group`` (``gloo`` unless the suite says).
+
+    Example::
+
+        dist.init_process_group(process_group_backend(), timeout=datetime.timedelta(seconds=120))
+    """
+    return os.environ.get(BACKEND_ENV) or _DEFAULT_BACKEND
+
+
+def script_device() -> Any:
+    """The ``torch.device`` a script's rank should use: its local accelerator index, or the CPU.
+
+    Returns:
+        torch.device: ``cpu``, or ``<type>:<LOCAL_RANK>`` for an accelerator (torchrun sets ``LOCAL_RANK``).
+
+    Example::
+
+        device = script_device()
+        model = DistributedModelParallel(module, device=device, ...)
+    """
+    import torch  # the launcher itself stays importable without torch
+
+    device_type = os.environ.get(DEVICE_ENV) or _DEFAULT_DEVICE
+    if device_type == _DEFAULT_DEVICE:
+        return torch.device(device_type)
+    return torch.device(device_type, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def ran_on(run: Mapping[str, Any]) -> str:
+    """The device type a finished run reports in ``info["device"]`` (``cpu`` for scripts that do not report it).
+
+    Example::
+
+        ran_on(run_distributed(script, 2, cases))   # 'cpu'
+    """
+    return str((run.get("info") or {}).get("device", _DEFAULT_DEVICE))
 
 
 def _tail(*streams: Any, limit: int = 6000) -> str:

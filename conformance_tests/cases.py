@@ -1,0 +1,255 @@
+"""Which cases each conformance check runs on a device, derived from the device's backend profile.
+
+A case is the JSON object one multi-process script receives (``params``), what the suite expects of its result
+beyond the script's own numbers (``expect``), and, for a combination the device or the scripts do not cover, the
+reason it is skipped (``skip``). Every function here is pure: the same profile, world size and ``quick`` give the
+same cases, so the pytest collection and the check's single launch agree on them.
+
+The sharding types per module are TorchRec 1.8.0's (its sharders' ``sharding_types``) and torchrec-ascend's hash
+sharders' (``torchrec_ascend.sharders.HASH_SHARDING_TYPES``); a device gets those its profile lists.
+
+Example::
+
+    from torchrec_ascend.backends import profile_for
+    [c.id for c in sharding_cases(profile_for("cpu"), world_size=2, quick=True)]
+    # ['ebc-row_wise-rowwise_adagrad', 'ec-column_wise-adagrad']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
+
+#: Optimizers the scripts have an unsharded oracle for: script name -> fbgemm ``EmbOptimType`` name.
+SCRIPT_OPTIMIZERS = {"sgd": "EXACT_SGD", "adagrad": "EXACT_ADAGRAD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD"}
+#: Sharding types TorchRec 1.8.0 offers per module kind (``EmbeddingBagCollection``, ``EmbeddingCollection``).
+STOCK_SHARDING_TYPES = {
+    "ebc": ("data_parallel", "table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise",
+            "grid_shard"),
+    "ec": ("data_parallel", "table_wise", "column_wise", "row_wise"),
+}
+#: Sharding types of hash tables per module kind (torchrec-ascend's hybrid sharders).
+HASH_SHARDING_TYPES = {
+    "ebc": ("data_parallel", "table_wise", "column_wise", "table_column_wise", "row_wise"),
+    "ec": ("data_parallel", "table_wise", "column_wise", "row_wise"),
+}
+#: Sharding types the KEY_VALUE and pipeline scripts build their models with.
+KEY_VALUE_SHARDING_TYPES = {"ebc": ("row_wise", "table_wise", "column_wise"), "ec": ("row_wise", "table_wise")}
+PIPELINE_SHARDING_TYPES = ("row_wise", "table_wise")
+#: Compute kernels some check drives: ``fused`` (sharding, hash tables, pipeline), ``key_value``, and ``dense``
+#: (data_parallel).
+COVERED_KERNELS = ("fused", "key_value", "dense")
+#: Types that split a table's columns (every world size) or its rows across ranks (two ranks or more).
+COLUMN_SPLITS = {"column_wise", "table_column_wise", "grid_shard"}
+ROW_SPLITS = {"row_wise", "table_row_wise", "grid_shard"}
+#: A KEY_VALUE cache small enough to swap every batch: rows per shard, host budget in KiB (the rest goes to disk).
+TINY_CACHE = {"cache_rows": 64, "host_kb": 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One case of a check.
+
+    Attributes:
+        params (Dict[str, Any]): the JSON object the check's script receives (in order: the id is built from it).
+        expect (Dict[str, Any]): what the suite expects of the result besides the script's own error bounds.
+        skip (str): non-empty: the case is not run and is reported as skipped for this reason.
+
+    Example::
+
+        Case({"kind": "ebc", "sharding_type": "row_wise", "optimizer": "sgd"}, {"min_shards": 2}).id
+        # 'ebc-row_wise-sgd'
+    """
+
+    params: Dict[str, Any]
+    expect: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    skip: str = ""
+
+    @property
+    def id(self) -> str:
+        """Test id: the parameter values joined by ``-``."""
+        return "-".join(str(v) for v in self.params.values())
+
+
+def _quick(cases: List[Case], preferred: Sequence[str]) -> List[Case]:
+    """The ``preferred`` cases (by id) that the device runs, or else its first runnable case: one per area."""
+    runnable = [c for c in cases if not c.skip]
+    chosen = [c for c in runnable if c.id in preferred]
+    return chosen or runnable[:1]
+
+
+def _optimizers(profile: Any) -> Tuple[List[str], List[Case]]:
+    """Script optimizers the device fuses, and skipped cases for every optimizer mismatch (either way)."""
+    supported = [name for name, fbgemm in SCRIPT_OPTIMIZERS.items() if fbgemm in profile.fused_optimizers]
+    skipped = [
+        Case({"optimizer": name}, skip=f"{fbgemm} is not supported on {profile.device_type}")
+        for name, fbgemm in SCRIPT_OPTIMIZERS.items()
+        if fbgemm not in profile.fused_optimizers
+    ]
+    skipped += [
+        Case({"optimizer": fbgemm}, skip=f"no unsharded oracle for {fbgemm} in the conformance scripts yet")
+        for fbgemm in profile.fused_optimizers
+        if fbgemm not in SCRIPT_OPTIMIZERS.values()
+    ]
+    return supported, skipped
+
+
+def _min_shards(sharding_type: str, world_size: int) -> int:
+    """How many shards the plan must make of a table, so a split type cannot silently test table_wise."""
+    if sharding_type in COLUMN_SPLITS or (sharding_type in ROW_SPLITS and world_size > 1):
+        return 2
+    return 1
+
+
+def _grid(
+    profile: Any, world_size: int, types: Mapping[str, Sequence[str]], extra: Callable[[str, str, str], Dict]
+) -> List[Case]:
+    """Every (module kind, sharding type the device supports, fused optimizer) case, plus the skipped ones."""
+    optimizers, skipped = _optimizers(profile)
+    cases = [
+        Case({"kind": kind, "sharding_type": st, "optimizer": opt, **extra(kind, st, opt)},
+             {"min_shards": _min_shards(st, world_size)})
+        for kind, kind_types in types.items()
+        for st in kind_types
+        if st in profile.sharding_types
+        for opt in optimizers
+    ]
+    return cases + skipped
+
+
+def sharding_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
+    """Stock TorchRec modules sharded every way the device supports vs. the unsharded reference.
+
+    Cases: every (``ebc``/``ec``, sharding type, optimizer) the device supports, stock ``TrainPipelineSparseDist``
+    and ``DistributedModelParallel.copy()``; skipped: optimizers on one side only (device vs. scripts), compute
+    kernels no check drives. ``quick``: one pooled row-wise and one sequence column-wise case.
+
+    Example::
+
+        len(sharding_cases(profile_for("cpu"), 2, quick=False))   # 33 grid + pipeline + copy + 1 skipped = 36
+    """
+    cases = _grid(profile, world_size, STOCK_SHARDING_TYPES, lambda *_: {})
+    # The script's stock pipeline case shards row-wise, its copy case table-wise.
+    cases += [Case({"kind": kind}) for kind, st in (("pipeline", "row_wise"), ("copy", "table_wise"))
+              if st in profile.sharding_types]
+    if quick:
+        return _quick(cases, ("ebc-row_wise-rowwise_adagrad", "ec-column_wise-adagrad"))
+    cases += [
+        Case({"kernel": kernel}, skip=f"no conformance script drives the {kernel} kernel yet")
+        for kernel in profile.compute_kernels
+        if kernel not in COVERED_KERNELS
+    ]
+    return cases
+
+
+def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
+    """Hash tables sharded every way the device supports vs. the unsharded hash module and a dict model.
+
+    The script picks the kernel: dense for data_parallel replicas, FUSED otherwise. ``quick``: one pooled row-wise
+    case.
+    """
+    cases = _grid(profile, world_size, HASH_SHARDING_TYPES, lambda *_: {})
+    return _quick(cases, ("ebc-row_wise-rowwise_adagrad",)) if quick else cases
+
+
+def key_value_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
+    """KEY_VALUE with a tiny cache over host memory over disk vs. FUSED, bit for bit.
+
+    Skipped as a whole when the device's profile has no ``key_value`` kernel. The full run adds one long case that
+    must spill rows to disk. ``quick``: one pooled row-wise case.
+    """
+    if "key_value" not in profile.compute_kernels:
+        return [Case({"kernel": "key_value"}, skip=f"the key_value kernel is not offered on {profile.device_type}")]
+    steps = 12 if quick else 30  # the tiny cache is full after a few steps: both swap ways happen by step 12
+    cases = _grid(profile, world_size, KEY_VALUE_SHARDING_TYPES, lambda *_: {"steps": steps, **TINY_CACHE})
+    if quick:
+        return _quick(cases, (f"ebc-row_wise-adagrad-{steps}-64-8",))
+    long = [c for c in cases if not c.skip and c.params["kind"] == "ebc" and c.params["sharding_type"] == "row_wise"]
+    if long:
+        params = {**long[-1].params, "steps": 400}
+        cases.append(Case(params, {**long[-1].expect, "disk_rows": True}))
+    return cases
+
+
+def pipeline_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
+    """HybridTrainPipelineSparseDist vs. a plain training loop: equivalence at several depths, end of data, a
+    failing stage, detach. ``expect["steps"]`` is how many batches must train. ``quick``: one equivalence case.
+    """
+    types = [t for t in PIPELINE_SHARDING_TYPES if t in profile.sharding_types]
+    if not types:
+        return [Case({"kind": "equivalence"}, skip=f"the pipeline script shards with {PIPELINE_SHARDING_TYPES}, "
+                                                  f"none of which {profile.device_type} supports")]
+    models = [("both", types[0]), ("ebc", types[0]), ("ec", types[-1])]
+    depths = (3,) if quick else (1, 3, 6)
+    cases = [
+        Case({"kind": "equivalence", "model": model, "sharding_type": st, "depth": depth, "batches": 8},
+             {"steps": 8})
+        for model, st in models[:1 if quick else None]
+        for depth in depths
+    ]
+    if quick:
+        return cases
+    cases += [
+        Case({"kind": "end_of_data", "sharding_type": types[0], "batches": 3, "depth": 6, "execute_all_batches": True},
+             {"steps": 3}),
+        Case({"kind": "end_of_data", "sharding_type": types[0], "batches": 7, "depth": 3,
+              "execute_all_batches": False}, {"steps": 5}),  # stock semantics: depth - 1 batches are left
+        Case({"kind": "detach", "sharding_type": types[0], "depth": 4, "batches": 10, "detach_at": 5}, {"steps": 10}),
+    ]
+    if "row_wise" in profile.sharding_types:  # the failure cases build a row-wise model
+        cases.append(Case({"kind": "raise", "where": "split", "at": 3, "depth": 3}, {"stage": "SPLIT"}))
+    return cases
+
+
+def error_cases(profile: Any, quick: bool) -> List[Case]:
+    """Bad inputs to hash tables (``errors/bad_inputs.py``) and what each error message must name.
+
+    ``expect``: ``raised`` (exception type) and ``names`` (fragments the message must contain). ``quick``: the
+    negative ID through the first sharded path and the full table.
+    """
+    names = {"table": "'item'", "feature": "'f_item'"}
+    types = [t for t in ("table_wise", "row_wise") if t in profile.sharding_types]
+    cases = [
+        Case({"kind": "negative_id", "sharding_type": st},
+             {"raised": "ValueError", "names": [names["table"], names["feature"], "non-negative"]})
+        for st in ["unsharded", *types]
+    ]
+    cases += [
+        Case({"kind": "full_table", "sharding_type": st},
+             {"raised": "CapacityError", "names": [names["table"], "overflow='evict'"]})
+        for st in ["unsharded", *types[:1]]
+    ]
+    cases.append(Case({"kind": "unknown_eviction_policy", "sharding_type": "unsharded"},
+                      {"raised": "ConfigError", "names": [names["table"], "'lruu'", "did you mean 'lru'"]}))
+    if "key_value" in profile.compute_kernels and types:
+        cases.append(Case({"kind": "small_cache", "sharding_type": types[0], "cache_rows": 4},
+                          {"raised": "CapacityError", "names": [names["table"], "load_factor"]}))
+    if quick:
+        return [c for c in cases if c.params["sharding_type"] == (types or ["unsharded"])[0]][:2]
+    return cases
+
+
+#: Installed policies that cannot be built without options: the options the full run checks them with.
+EXAMPLE_POLICY_OPTIONS = {("eviction", "ttl"): {"ttl_steps": 3}}
+
+
+def policy_cases(requested: Sequence[Tuple[str, Dict[str, Any]]], installed: Sequence[Tuple[str, str]]) -> List[Case]:
+    """The policy contract cases: the ``requested`` policies, or else every ``installed`` one (per kind).
+
+    Args:
+        requested: ``(name, options)`` from ``--policy``; every kind the name exists as is checked.
+        installed: ``(kind, name)`` of every installed policy.
+
+    Returns:
+        List[Case]: ``params`` ``{"policy": name[, "kind": kind]}``, ``expect["options"]`` the options to build with.
+
+    Example::
+
+        policy_cases([], [("eviction", "lru"), ("admission", "count")])[0].id   # 'lru-eviction'
+    """
+    if requested:
+        return [Case({"policy": name}, {"options": options}) for name, options in requested]
+    return [
+        Case({"policy": name, "kind": kind}, {"options": EXAMPLE_POLICY_OPTIONS.get((kind, name), {})})
+        for kind, name in installed
+    ]

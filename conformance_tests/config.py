@@ -1,0 +1,172 @@
+"""What one conformance run is asked to check: the device, the number of ranks, the policies, quick or full.
+
+The pytest options (registered by ``conformance_tests/conftest.py``) and the ``torchrec-ascend conformance`` flags
+map one to one onto :class:`SuiteConfig`; the checks read nothing else.
+
+Example::
+
+    suite = SuiteConfig(device="cpu", world_size=2, quick=True)
+    suite.profile.collective_backend   # 'gloo'
+    suite.absent_reason()              # '' : the device is here
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from torchrec_ascend.conformance_tests.cases import Case
+from torchrec_ascend.conformance_tests.launch import DEVICE_ENV, LaunchError, ran_on, run_distributed, script_env
+from torchrec_ascend.errors import BackendError, ConfigError
+
+#: The checks, in the order they run: check ``x`` is the module ``test_x.py`` of this package.
+CHECKS = ("injection", "sharding", "hash_tables", "key_value", "pipeline", "checkpoint", "policies", "errors")
+#: pytest option -> (CLI flag, default, help); the CLI passes each flag on as its option.
+OPTIONS = {
+    "--conformance-device": ("--device", "cpu", "torch device type to check (a backend profile's device_type)"),
+    "--conformance-world-size": ("--world-size", 2, "ranks of the multi-process checks"),
+    "--conformance-policy": ("--policy", (), "check this policy (NAME or NAME=JSON-options); repeatable; "
+                                            "default: every installed policy"),
+    "--conformance-quick": ("--quick", False, "fewer cases and steps, one case per area"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SuiteConfig:
+    """One conformance run's settings.
+
+    Attributes:
+        device (str): ``torch.device`` type under test; its backend profile decides the cases.
+        world_size (int): ranks of the multi-process checks (the error checks always use one).
+        policies (Tuple[str, ...]): ``NAME`` or ``NAME=JSON`` policies to check; empty: every installed policy.
+        quick (bool): fewer cases and steps, keeping at least one case per area.
+
+    Raises:
+        ConfigError: ``world_size`` below 1 or a malformed policy spec.
+        BackendError: (from :attr:`profile`) no backend profile declares ``device``.
+
+    Example::
+
+        SuiteConfig(device="npu").absent_reason()   # 'no npu device here (...)' on this machine
+    """
+
+    device: str = "cpu"
+    world_size: int = 2
+    policies: Tuple[str, ...] = ()
+    quick: bool = False
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ConfigError(f"--world-size must be at least 1, got {self.world_size}")
+        for spec in self.policies:
+            parse_policy(spec)
+
+    @classmethod
+    def from_pytest(cls, config: Any) -> "SuiteConfig":
+        """The settings given as pytest options (see :data:`OPTIONS`; their defaults when not registered)."""
+        value = {
+            option[2:].replace("-", "_"): config.getoption(option[2:].replace("-", "_"), default)
+            for option, (_, default, _) in OPTIONS.items()
+        }
+        return cls(
+            device=value["conformance_device"],
+            world_size=value["conformance_world_size"],
+            policies=tuple(value["conformance_policy"] or ()),
+            quick=value["conformance_quick"],
+        )
+
+    @functools.cached_property
+    def profile(self) -> Any:
+        """The backend profile of :attr:`device` (``torchrec_ascend.backends.DeviceProfile``)."""
+        from torchrec_ascend import backends
+
+        profile = backends.profile_for(self.device)
+        if profile is None:
+            known = sorted({p.device_type for p in backends.profiles().values()})
+            close = difflib.get_close_matches(self.device, known, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise BackendError(
+                f"no device backend declares the device type {self.device!r}; known device types: "
+                f"{', '.join(known)}.{hint} Install the backend's plugin or pick one of these."
+            )
+        return profile
+
+    def absent_reason(self) -> str:
+        """Why the device-bound checks cannot run here (``""`` when the device is present)."""
+        return "" if self.profile.detect() else f"no {self.device} device here ({self.profile.description})"
+
+    def run_script(self, script: Path, cases: List[Case], world_size: Optional[int] = None,
+                   timeout: float = 600.0) -> "ScriptRun":
+        """Launch ``script`` once on the device for every runnable case.
+
+        Args:
+            script: a multi-process script taking ``--cases`` and ``--out`` (see ``launch.py``).
+            cases: the check's cases; skipped ones are not sent.
+            world_size: ranks; default :attr:`world_size`.
+            timeout: seconds before the launch counts as hung.
+
+        Returns:
+            ScriptRun: the run's ``info`` and its results by case id.
+
+        Raises:
+            LaunchError: the launch failed, hung, wrote no results, returned a different number of results, or ran
+                on another device than :attr:`device` (a script that does not read ``DEVICE_ENV`` yet).
+        """
+        runnable = [c for c in cases if not c.skip]
+        env = script_env(self.profile.device_type, self.profile.collective_backend)
+        run = run_distributed(script, world_size or self.world_size, [c.params for c in runnable], env, timeout)
+        if ran_on(run) != self.device:
+            raise LaunchError(
+                f"{script.name} ran on {ran_on(run)}, not {self.device}: it does not read {DEVICE_ENV} yet, so it "
+                f"cannot check this device"
+            )
+        if len(run["results"]) != len(runnable):
+            raise LaunchError(f"{script.name} returned {len(run['results'])} results for {len(runnable)} cases")
+        return ScriptRun(run.get("info") or {}, {c.id: r for c, r in zip(runnable, run["results"])})
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptRun:
+    """What a script launch returned.
+
+    Attributes:
+        info (Dict[str, Any]): rank 0's ``info`` (device, plugin state...).
+        results (Dict[str, Dict[str, Any]]): case id -> the script's result for that case.
+    """
+
+    info: Dict[str, Any]
+    results: Dict[str, Dict[str, Any]]
+
+
+def parse_policy(spec: str) -> Tuple[str, Dict[str, Any]]:
+    """Split a ``--policy`` value into the policy name and its options.
+
+    Args:
+        spec: ``NAME`` or ``NAME=JSON`` with a JSON object of options, e.g. ``ttl={"ttl_steps": 3}``.
+
+    Raises:
+        ConfigError: the options are not a JSON object.
+
+    Example::
+
+        parse_policy('ttl={"ttl_steps": 3}')   # ('ttl', {'ttl_steps': 3})
+    """
+    name, _, options = spec.partition("=")
+    if not options:
+        return name.strip(), {}
+    try:
+        parsed = json.loads(options)
+    except json.JSONDecodeError as err:
+        parsed, problem = None, str(err)
+    else:
+        problem = "" if isinstance(parsed, dict) else f"got a JSON {type(parsed).__name__}"
+    if problem:
+        raise ConfigError(
+            f"--policy {spec!r}: the options after '=' must be a JSON object ({problem}), e.g. "
+            f"--policy 'ttl={{\"ttl_steps\": 3}}'"
+        )
+    return name.strip(), parsed

@@ -1,0 +1,137 @@
+"""Bad inputs to hash tables, sharded and unsharded: run each one and record the error it raises.
+
+Run with torchrun on ONE rank (``conformance_tests/launch.py``): a case that raises inside a sharded module on one
+rank of several would leave the others waiting in a collective. Each case is ``{"kind": ..., ...}``:
+
+* ``{"kind": "negative_id", "sharding_type": "unsharded"|<type>}``: a batch with a negative ID in feature
+  ``f_item`` of table ``item``.
+* ``{"kind": "full_table", "sharding_type": "unsharded"|<type>}``: more new IDs than the table ``item`` holds, with
+  ``overflow="error"``.
+* ``{"kind": "unknown_eviction_policy"}``: table ``item`` configured with the misspelled policy ``"lruu"``.
+* ``{"kind": "small_cache", "sharding_type": <type>}``: a KEY_VALUE table ``item`` whose device cache holds fewer
+  rows than one batch brings.
+
+Rank 0 writes per case ``raised`` (the exception type name, or ``""`` when nothing was raised) and ``message``; the
+suite (``test_errors.py``) decides whether the message names what it must.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import sys
+import tempfile
+import traceback
+from typing import Any, Dict, Optional
+
+import torch
+import torch.distributed as dist
+import torchrec
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
+from torchrec_ascend.conformance_tests.launch import process_group_backend, script_device
+
+DIM = 8
+TABLES = ("user", "item")  # the cases break table "item" (feature "f_item"); "user" stays healthy
+CAPACITY = 64
+COLLECTIVE_TIMEOUT_S = 120
+
+
+def make_module(**item_options: Any) -> torch.nn.Module:
+    """An EmbeddingBagCollection of two hash tables; ``item_options`` go to table ``item``'s config."""
+    return torchrec.EmbeddingBagCollection(tables=[
+        HashEmbeddingBagConfig(name=name, embedding_dim=DIM, num_embeddings=CAPACITY, feature_names=[f"f_{name}"],
+                               **(item_options if name == "item" else {}))
+        for name in TABLES
+    ])
+
+
+def make_batch(item_ids: torch.Tensor) -> KeyedJaggedTensor:
+    """One sample per item ID; ``f_user`` reads the same valid ID in every sample (its table never fills)."""
+    n = item_ids.numel()
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=["f_user", "f_item"],
+        values=torch.cat([torch.zeros(n, dtype=torch.int64), item_ids]),
+        lengths=torch.ones(2 * n, dtype=torch.int64),
+    )
+
+
+def shard(module: torch.nn.Module, sharding_type: str, pg: Any, kernel: str = "fused",
+          key_value: Optional[Dict[str, Any]] = None) -> Any:
+    constraints = {
+        name: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel], **(key_value or {}))
+        for name in TABLES
+    }
+    device = script_device()
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=pg.size(), compute_device=device.type),
+                                       constraints=constraints)
+    sharders = get_default_hybrid_sharders()
+    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=device,
+                                    plan=planner.plan(module, sharders), sharders=sharders)
+
+
+def build(case: Dict[str, Any], pg: Any, directory: str, **item_options: Any) -> Any:
+    module = make_module(**item_options)
+    sharding_type = case.get("sharding_type", "unsharded")
+    if sharding_type == "unsharded":
+        return module
+    if case["kind"] != "small_cache":
+        return shard(module, sharding_type, pg)
+    key_value = {"cache_params": CacheParams(load_factor=case["cache_rows"] / CAPACITY),
+                 "key_value_params": KeyValueParams(l2_cache_size=1 / 1024, ssd_storage_directory=directory)}
+    return shard(module, sharding_type, pg, kernel="key_value", key_value=key_value)
+
+
+def run_case(case: Dict[str, Any], pg: Any) -> None:
+    """Run the bad input of ``case``; the exception it should raise propagates."""
+    device = script_device()
+    with tempfile.TemporaryDirectory(prefix="bad_inputs_") as directory:
+        if case["kind"] == "unknown_eviction_policy":
+            model = build(case, pg, directory, overflow="evict", eviction_policy="lruu")
+            model(make_batch(torch.arange(4)).to(device))
+        elif case["kind"] == "negative_id":
+            model = build(case, pg, directory)
+            model(make_batch(torch.tensor([3, -5, 7])).to(device))
+        elif case["kind"] == "full_table":
+            model = build(case, pg, directory)  # overflow="error" is the default
+            model(make_batch(torch.arange(2 * CAPACITY)).to(device))
+        elif case["kind"] == "small_cache":
+            model = build(case, pg, directory)
+            model(make_batch(torch.arange(4 * case["cache_rows"])).to(device))
+        else:
+            raise ValueError(f"bad_inputs.py: unknown case kind {case['kind']!r}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", required=True, help="JSON list of case objects")
+    parser.add_argument("--out", required=True, help="where rank 0 writes the JSON results")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group(process_group_backend(), timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    pg = dist.group.WORLD
+    if pg.size() != 1:
+        raise SystemExit("bad_inputs.py runs on one rank (a case raising on one rank of several would hang the rest)")
+    results = []
+    for case in json.loads(args.cases):
+        try:
+            run_case(case, pg)
+            result = {**case, "raised": "", "message": ""}
+        except Exception as err:  # the point of every case: record what was raised
+            result = {**case, "raised": type(err).__name__, "message": str(err), "traceback": traceback.format_exc()}
+        results.append(result)
+        gc.collect()
+    with open(args.out, "w") as f:
+        json.dump({"info": {"device": script_device().type}, "results": results}, f, indent=1)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

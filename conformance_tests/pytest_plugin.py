@@ -1,0 +1,83 @@
+"""The suite's pytest plugin: its options, the ``suite`` fixture and the summary table at the end.
+
+``torchrec-ascend conformance`` runs ``pytest -p torchrec_ascend.conformance_tests.pytest_plugin --pyargs
+torchrec_ascend.conformance_tests`` with the options below, so both ways of running the suite collect and run the
+same checks::
+
+    pytest -p torchrec_ascend.conformance_tests.pytest_plugin --pyargs torchrec_ascend.conformance_tests \\
+        --conformance-device cpu --conformance-quick
+
+Without ``-p`` the suite's ``conftest.py`` loads this plugin while collecting, too late for options: the run uses
+the defaults (cpu, 2 ranks, every installed policy, full). The plugin is inert in sessions that collect no
+conformance check: the table only counts tests of this package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+
+from torchrec_ascend.conformance_tests.config import CHECKS, OPTIONS, SuiteConfig
+from torchrec_ascend.conformance_tests.summary import CaseOutcome, check_of, format_table, record, summarize
+
+PACKAGE_DIR = Path(__file__).parent
+
+
+class _Summary:
+    """Collects the phase reports of the suite's tests and prints the per-check table at the end of the run."""
+
+    def __init__(self) -> None:
+        self.checks: Dict[str, str] = {}  # node id -> check, for the suite's tests only
+        self.outcomes: Dict[str, CaseOutcome] = {}
+
+    def pytest_collection_modifyitems(self, items: Any) -> None:
+        self.checks = {i.nodeid: check_of(str(i.path)) for i in items if PACKAGE_DIR in Path(str(i.path)).parents}
+        # Checks run in CHECKS order (the cheap injection check first), each module's cases in collection order.
+        order = {check: n for n, check in enumerate(CHECKS)}
+        items.sort(key=lambda item: order.get(self.checks.get(item.nodeid, ""), -1))
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        check = self.checks.get(report.nodeid)
+        if check is None:
+            return
+        skipped = report.skipped and isinstance(report.longrepr, tuple)
+        reason = report.longrepr[2].removeprefix("Skipped: ") if skipped else ""
+        record(self.outcomes, report.nodeid, check, report.when, report.outcome, report.duration, reason)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: Any, config: Any) -> None:
+        rows = summarize(self.outcomes)
+        if not rows:
+            return
+        suite = SuiteConfig.from_pytest(config)
+        title = (f"torchrec-ascend conformance: device {suite.device}, {suite.world_size} rank(s), "
+                 f"{'quick' if suite.quick else 'full'} run")
+        terminalreporter.write_sep("=", "conformance summary")
+        for line in format_table(rows, title).splitlines():
+            terminalreporter.write_line(line)
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("conformance", "torchrec-ascend conformance suite")
+    for option, (_, default, help_text) in OPTIONS.items():
+        if isinstance(default, bool):
+            group.addoption(option, action="store_true", default=default, help=help_text)
+        elif isinstance(default, tuple):
+            group.addoption(option, action="append", default=[], metavar="NAME[=JSON]", help=help_text)
+        else:
+            group.addoption(option, type=type(default), default=default, help=help_text)
+
+
+def pytest_configure(config: Any) -> None:
+    # fbgemm_gpu and torchrec announce their own deprecations on import: not the user's to act on.
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:fbgemm_gpu.*")
+    config.addinivalue_line("filterwarnings", "ignore::FutureWarning:torchrec.*")
+    config.pluginmanager.register(_Summary(), "torchrec-ascend-conformance-summary")
+
+
+@pytest.fixture(scope="session")
+def suite(pytestconfig: Any) -> SuiteConfig:
+    """The run's :class:`~torchrec_ascend.conformance_tests.config.SuiteConfig`."""
+    return SuiteConfig.from_pytest(pytestconfig)

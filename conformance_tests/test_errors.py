@@ -1,0 +1,84 @@
+"""Check: the documented bad-input errors are raised, and each names what is wrong and where.
+
+Hash tables (``errors/bad_inputs.py`` on one rank, unsharded and through the device's sharded paths): a negative
+ID names the table and the feature, a full table with ``overflow="error"`` names the table and the way out, a
+misspelled eviction policy names the table and suggests the closest, a KEY_VALUE cache smaller than one batch
+names the table. In the suite's own process: an unknown device backend lists the valid names and suggests the
+closest; an unknown policy or policy option lists the known ones and suggests the closest.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+from torchrec_ascend.conformance_tests.cases import Case, error_cases
+from torchrec_ascend.conformance_tests.config import ScriptRun, SuiteConfig
+from torchrec_ascend.conformance_tests.harness import launch, parametrize, result_of
+from torchrec_ascend.errors import ConfigError
+
+SCRIPT = Path(__file__).parent / "errors" / "bad_inputs.py"
+
+
+def cases_of(suite: SuiteConfig) -> List[Case]:
+    """The bad-input cases of the suite's device (see ``cases.error_cases``)."""
+    return error_cases(suite.profile, suite.quick)
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    parametrize(metafunc, cases_of)
+
+
+@pytest.fixture(scope="module")
+def run(suite: SuiteConfig) -> ScriptRun:
+    return launch(suite, SCRIPT, cases_of(suite), world_size=1)
+
+
+def test_case(case: Case, request: Any) -> None:
+    r = result_of(request, "run", case)
+    expected = case.expect["raised"]
+    assert r["raised"] == expected, f"expected a {expected}, got {r['raised'] or 'no error'}: {r['message']}"
+    missing = [name for name in case.expect["names"] if name not in r["message"]]
+    assert not missing, f"the {expected} does not name {missing}: {r['message']!r}"
+
+
+def test_unknown_backend_lists_the_names(suite: SuiteConfig) -> None:
+    from torchrec_ascend import backends
+
+    misspelled = suite.profile.name + "x"
+    proc = subprocess.run(
+        [sys.executable, "-c", "from torchrec_ascend import backends; backends.activate()"],
+        env={**os.environ, backends.DEVICE_ENV: misspelled}, capture_output=True, text=True, timeout=120,
+    )
+    message = (proc.stderr.strip().splitlines() or [""])[-1]
+    assert proc.returncode != 0 and "BackendError" in message, f"{backends.DEVICE_ENV}={misspelled} was accepted"
+    missing = [name for name in backends.available_names() if name not in message]
+    assert not missing, f"the BackendError does not list {missing}: {message!r}"
+    assert f"Did you mean {suite.profile.name!r}" in message, message
+
+
+def test_unknown_policy_suggests_the_closest() -> None:
+    from torchrec_ascend.policies.registry import create_eviction_policy, list_policies
+
+    name = list_policies("eviction")[0].name
+    with pytest.raises(ConfigError) as err:
+        create_eviction_policy(name + "x", capacity=8)
+    assert f"did you mean {name!r}" in str(err.value) and "Installed eviction policies" in str(err.value), str(err.value)
+
+
+def test_unknown_policy_option_suggests_the_closest() -> None:
+    from torchrec_ascend.policies.registry import create_eviction_policy, list_policies
+
+    entry = next((e for e in list_policies("eviction") if e.option_names()), None)
+    if entry is None:
+        pytest.skip("no installed eviction policy declares named options")
+    option = entry.option_names()[0]
+    with pytest.raises(ConfigError) as err:
+        create_eviction_policy(entry.name, capacity=8, **{option + "x": 1})
+    message = str(err.value)
+    assert repr(entry.name) in message and f"did you mean {option!r}" in message, message

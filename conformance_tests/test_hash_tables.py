@@ -1,0 +1,44 @@
+"""Check: hash tables sharded every way the device supports train like the unsharded hash module and a dict model.
+
+Runs ``plugin/hash_tables.py``: raw 63-bit IDs with repeats through stock collections of hash table configs, with
+the FUSED kernel. Oracles: the unsharded hash collection on the global batch, and a plain-Python ``ID -> row``
+model with the same deterministic initialisation and the optimizer written out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+from torchrec_ascend.conformance_tests.cases import Case, hash_table_cases
+from torchrec_ascend.conformance_tests.config import ScriptRun, SuiteConfig
+from torchrec_ascend.conformance_tests.harness import launch, parametrize, result_of
+
+SCRIPT = Path(__file__).parent / "plugin" / "hash_tables.py"
+TOLERANCE = 1e-6
+
+
+def cases_of(suite: SuiteConfig) -> List[Case]:
+    """The check's cases on the suite's device (see ``cases.hash_table_cases``)."""
+    return hash_table_cases(suite.profile, suite.world_size, suite.quick)
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    parametrize(metafunc, cases_of)
+
+
+@pytest.fixture(scope="module")
+def run(suite: SuiteConfig) -> ScriptRun:
+    return launch(suite, SCRIPT, cases_of(suite))
+
+
+def test_case(case: Case, request: Any) -> None:
+    r = result_of(request, "run", case)
+    for oracle in ("unsharded", "python"):
+        assert r[f"fwd_err_{oracle}"] <= TOLERANCE, f"forward differs from the {oracle} oracle by {r[f'fwd_err_{oracle}']}"
+        assert r[f"row_err_{oracle}"] <= TOLERANCE, f"final rows differ from the {oracle} oracle by {r[f'row_err_{oracle}']}"
+    assert r["ids"] == r["expected_ids"] > 0, (
+        f"{r['ids']} IDs own rows across the shards, {r['expected_ids']} were seen: every ID must own exactly one row"
+    )

@@ -1,0 +1,50 @@
+"""Check: torchrec-ascend is injected cleanly: ``doctor`` finds no problem and the device's backend is selected.
+
+``doctor`` runs in a fresh process with ``TORCHREC_ASCEND_DEVICE`` naming the device's backend (as a user's job
+would select it): autoloading must be active, every patch applied, every plugin loaded, the backend activated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Dict
+
+import pytest
+
+from torchrec_ascend.conformance_tests.config import SuiteConfig
+
+MODULE = "torchrec_ascend.conformance_tests.injection.doctor_state"
+
+
+@pytest.fixture(scope="module")
+def state(suite: SuiteConfig) -> Dict[str, Any]:
+    from torchrec_ascend.backends import DEVICE_ENV
+
+    reason = suite.absent_reason()
+    if reason:
+        pytest.skip(reason)
+    proc = subprocess.run([sys.executable, "-m", MODULE], env={**os.environ, DEVICE_ENV: suite.profile.name},
+                          capture_output=True, text=True, timeout=300)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and lines, f"doctor crashed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(lines[-1])
+
+
+def test_doctor_finds_no_problem(state: Dict[str, Any]) -> None:
+    assert not state["problems"], "\n".join(state["problems"]) + "\n\n" + state["text"]
+
+
+def test_autoload_is_active(state: Dict[str, Any]) -> None:
+    assert state["autoload"] == "active", f"torch's entry point left torchrec-ascend {state['autoload']!r}"
+
+
+def test_device_backend_is_selected(state: Dict[str, Any], suite: SuiteConfig) -> None:
+    assert state["selected"] == suite.profile.name, f"backend {state['selected']!r} selected, not {suite.profile.name!r}"
+
+
+def test_every_patch_applied(state: Dict[str, Any]) -> None:
+    not_applied = [f"{p['name']}: {p['state']} {p['detail']}" for p in state["patches"] if p["state"] != "applied"]
+    assert state["patches"] and not not_applied, "\n".join(not_applied) or "no patch registered"

@@ -1,0 +1,123 @@
+"""The conformance suite fails when a kernel or a policy is broken, and passes when nothing is.
+
+Broken kernels: ``conformance_faults.py`` is installed as a throwaway plugin distribution (on ``PYTHONPATH``, for
+one ``torchrec-ascend conformance --quick --only sharding`` run in a subprocess) and breaks row-wise bucketization
+or drops one fused optimizer update. The same command without the fault is the control: it must pass, so the
+failures come from the fault. Broken policy: ``broken_policy_plugin.py`` is registered in-process and checked with
+``--policy`` next to a healthy one. Oracle: exit status and the JUnit report, case by case.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Tuple
+
+import broken_policy_plugin
+import pytest
+
+from torchrec_ascend.cli import main as cli_main
+from torchrec_ascend.plugin_manager import get_plugin_manager
+
+pytestmark = pytest.mark.multiprocess
+
+HERE = Path(__file__).parent
+QUICK_SHARDING = ["conformance", "--quick", "--only", "sharding"]
+ROW_WISE, COLUMN_WISE = "test_case[ebc-row_wise-rowwise_adagrad]", "test_case[ec-column_wise-adagrad]"
+ENTRY_POINT = "test_entry_point_activated_the_plugin"
+
+
+def junit_outcomes(path: Path) -> Dict[str, str]:
+    """Test name -> ``passed``/``failed``/``skipped`` from a JUnit report."""
+    outcomes = {}
+    for case in ET.parse(path).iter("testcase"):
+        kinds = {child.tag for child in case}
+        outcomes[case.get("name")] = (
+            "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
+        )
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def fault_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding the fault plugin as an installed distribution (entry point group ``torchrec_ascend``)."""
+    site = tmp_path_factory.mktemp("fault_site")
+    shutil.copy(HERE / "conformance_faults.py", site)
+    info = site / "conformance_faults-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: conformance-faults\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[torchrec_ascend]\nconformance_faults = conformance_faults\n")
+    return site
+
+
+def run_cli(args: List[str], tmp_path: Path, env: Dict[str, str]) -> Tuple[int, str, Dict[str, str]]:
+    """Run ``torchrec-ascend <args> --junit ...`` in a subprocess; return its status, output and JUnit outcomes."""
+    junit = tmp_path / "junit.xml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchrec_ascend.cli", *args, "--junit", str(junit)],
+        env={**os.environ, **env}, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    output = proc.stdout + proc.stderr
+    assert junit.exists(), f"no JUnit report written:\n{output}"
+    return proc.returncode, output, junit_outcomes(junit)
+
+
+def test_passes_without_a_fault(fault_site: Path, tmp_path: Path) -> None:
+    status, output, outcomes = run_cli(QUICK_SHARDING, tmp_path, {})
+    assert status == 0, output
+    assert outcomes == {ENTRY_POINT: "passed", ROW_WISE: "passed", COLUMN_WISE: "passed"}, output
+    assert "conformance summary" in output and "sharding" in output
+
+
+def test_off_by_one_bucketization_fails_row_wise(fault_site: Path, tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": "bucketize_off_by_one"}
+    status, output, outcomes = run_cli(QUICK_SHARDING, tmp_path, env)
+    assert status == 1, output
+    # Only the row-wise case bucketizes: the suite pins the fault there.
+    assert outcomes == {ENTRY_POINT: "passed", ROW_WISE: "failed", COLUMN_WISE: "passed"}, output
+
+
+def test_dropped_optimizer_update_fails_every_fused_case(fault_site: Path, tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": "drop_update"}
+    status, output, outcomes = run_cli(QUICK_SHARDING, tmp_path, env)
+    assert status == 1, output
+    assert outcomes == {ENTRY_POINT: "passed", ROW_WISE: "failed", COLUMN_WISE: "failed"}, output
+    assert "differs from the unsharded reference" in output
+
+
+@pytest.fixture
+def broken_policy() -> Iterator[str]:
+    """The broken policy plugin, registered on the process-wide plugin manager for one test."""
+    manager = get_plugin_manager()
+    manager.register(broken_policy_plugin, "conformance_broken_policy")
+    try:
+        yield broken_policy_plugin.NAME
+    finally:
+        manager.unregister("conformance_broken_policy")
+
+
+def test_broken_policy_fails_the_run(broken_policy: str, tmp_path: Path, capsys: Any) -> None:
+    junit = tmp_path / "junit.xml"
+    status = cli_main(["conformance", "--only", "policies", "--quick", "--policy", broken_policy, "--policy", "lru",
+                       "--junit", str(junit)])
+    output = capsys.readouterr().out
+    assert status == 1, output
+    assert junit_outcomes(junit) == {f"test_contract[{broken_policy}]": "failed", "test_contract[lru]": "passed"}
+    assert "distinct" in output or "duplicate" in output, "the failure should say how the contract was broken"
+
+
+def test_absent_device_skips_with_the_reason(tmp_path: Path, capsys: Any) -> None:
+    from torchrec_ascend import backends
+
+    if backends.profile_for("npu").detect():
+        pytest.skip("an npu is present here")
+    junit = tmp_path / "junit.xml"
+    status = cli_main(["conformance", "--device", "npu", "--quick", "--only", "sharding", "--junit", str(junit)])
+    output = capsys.readouterr().out
+    assert status == 0, output
+    assert set(junit_outcomes(junit).values()) == {"skipped"}
+    assert "no npu device here" in output

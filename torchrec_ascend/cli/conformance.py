@@ -1,0 +1,102 @@
+"""``torchrec-ascend conformance``: check that this install behaves like TorchRec's reference semantics on a device.
+
+Runs the conformance suite (``torchrec_ascend.conformance_tests``, through pytest) on the device: injection state,
+every sharding type x kernel x optimizer the device's profile lists against the unsharded reference, hash-table
+semantics, KEY_VALUE transparency, the policy contract, pipeline equivalence, checkpoints and the documented
+bad-input errors; multi-process checks spawn their own ranks. Prints a summary per check (cases, passed, failed,
+skipped with the reason, seconds); the exit status is 0 only when nothing failed (1: a check failed, 2: bad usage
+or missing test dependencies).
+
+Example::
+
+    $ torchrec-ascend conformance --device npu --world-size 8
+    $ torchrec-ascend conformance --quick --junit conformance.xml
+    $ torchrec-ascend conformance --only policies --policy my_policy --policy 'ttl={"ttl_steps": 3}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import sys
+from typing import List
+
+from torchrec_ascend import conformance_tests
+from torchrec_ascend.conformance_tests.config import CHECKS, OPTIONS, SuiteConfig
+from torchrec_ascend.errors import TorchRecAscendError
+
+PACKAGE = conformance_tests.__name__
+PACKAGE_DIR = conformance_tests.__path__[0]
+PLUGIN = f"{PACKAGE}.pytest_plugin"
+USAGE_ERROR = 2
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the ``conformance`` subcommand."""
+    parser = subparsers.add_parser(
+        "conformance",
+        help="check this install against TorchRec's reference semantics on a device",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
+    for option, (flag, default, help_text) in OPTIONS.items():
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true", help=help_text)
+        elif isinstance(default, tuple):
+            parser.add_argument(flag, action="append", default=[], metavar="NAME[=JSON]", help=help_text)
+        else:
+            parser.add_argument(flag, type=type(default), default=default, help=f"{help_text} (default {default})")
+    parser.add_argument("--only", nargs="+", choices=CHECKS, metavar="CHECK",
+                        help=f"run only these checks: {', '.join(CHECKS)}")
+    parser.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report (one test case per case)")
+    parser.set_defaults(run=run)
+
+
+def pytest_args(args: argparse.Namespace) -> List[str]:
+    """The pytest command line that runs the suite as ``args`` ask.
+
+    Example::
+
+        pytest_args(parser.parse_args(["conformance", "--quick", "--only", "policies"]))
+        # ['-p', '...pytest_plugin', '--pyargs', 'torchrec_ascend.conformance_tests.test_policies', ...]
+    """
+    argv = [] if _plugin_auto_loaded() else ["-p", PLUGIN]
+    targets = [f"{PACKAGE}.test_{check}" for check in args.only or []] or [PACKAGE]
+    # pytest takes its root from the working directory when given module names: root it at the suite, so test ids
+    # read test_<check>.py::... wherever the command runs.
+    argv += [f"--rootdir={PACKAGE_DIR}", "--pyargs", *targets]
+    # No cache written into the installed package; short tracebacks: the assertion says what differs.
+    argv += ["-p", "no:cacheprovider", "--tb=short", "-rfE"]
+    for option, (flag, default, _) in OPTIONS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if isinstance(default, bool):
+            argv += [option] if value else []
+        elif isinstance(default, tuple):
+            argv += [f"{option}={v}" for v in value]
+        else:
+            argv.append(f"{option}={value}")
+    if args.junit:
+        argv.append(f"--junitxml={args.junit}")
+    return argv
+
+
+def _plugin_auto_loaded() -> bool:
+    """Whether a ``pytest11`` entry point already loads the suite's plugin (``-p`` would register it twice)."""
+    return any(ep.value == PLUGIN for ep in importlib.metadata.entry_points(group="pytest11"))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the suite; return pytest's exit status (0: every case passed or was skipped with a reason)."""
+    try:
+        suite = SuiteConfig(device=args.device, world_size=args.world_size, policies=tuple(args.policy),
+                            quick=args.quick)
+        suite.profile  # an unknown device stops here, listing the known ones
+    except TorchRecAscendError as err:
+        print(f"torchrec-ascend conformance: {err}", file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        import pytest
+    except ImportError:
+        print("torchrec-ascend conformance runs on pytest and hypothesis: pip install 'torchrec-ascend[test]'",
+              file=sys.stderr)
+        return USAGE_ERROR
+    return int(pytest.main(pytest_args(args)))
