@@ -5,12 +5,13 @@ with hash tables fed Zipf(1.05) raw IDs over a catalogue of 1M keys, each rank c
 batches. The *working set* of a table is the set of distinct IDs in all ranks' pools. Models, all on the same
 batches:
 
-* **FUSED** (baseline): every row in the TBE; ``num_embeddings`` is twice the working set (``--rows 0``);
-* **KEY_VALUE <policy>**: a device cache of ``--cache-fraction`` (10%) of the working set, rows and their optimizer
-  state swapped with an unbounded host store; one model per built-in eviction policy (LRU first: the default).
-  A KEY_VALUE hash table's ``num_embeddings`` only sizes its cache (the host tier holds any number of IDs), so it
-  is set to ``fraction * working set / 0.2`` with ``CacheParams(load_factor=0.2)``, the kernel's default; the cache
-  size reached is measured and printed, and a mismatch is flagged.
+* **FUSED** (baseline): every row in the TBE;
+* **KEY_VALUE <policy>**: a device cache of ``--cache-fraction`` (10%) of the working set
+  (``CacheParams(load_factor=fraction * working set / num_embeddings)`` per table), rows and their optimizer state
+  swapped with an unbounded host store; one model per built-in eviction policy (LRU first: the default).
+
+Every table has ``num_embeddings`` twice its working set (``--rows 0``), so FUSED holds every row. The cache size
+reached is measured and printed, and a mismatch with the size asked is flagged.
 
 Reported per model: global samples/s (median over runs, models timed in turns) and the ratio to FUSED; for KEY_VALUE
 the cache hit rate over the timed steps (``cache_metrics``: hits / lookups, every ID occurrence counted), rows
@@ -29,11 +30,10 @@ Run (launches its own 2 ranks)::
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -46,7 +46,7 @@ from dlrm_workload import (Variant, Workload, add_workload_args, as_rank, build_
 from results import make_result, target, write_result
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.kernels.key_value import cache_metrics
-from torchrec_ascend.kernels.key_value.kernel import DEFAULT_LOAD_FACTOR, KeyValueRows
+from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
 from torchrec_ascend.kernels.walk import sharded_kernels
 from torchrec_ascend.policies.registry import list_policies
 
@@ -73,12 +73,14 @@ def tables(w: Workload, rows: List[int], policy: str) -> List[HashEmbeddingBagCo
             for t, f, n in zip(table_names(w), feature_names(w), rows)]
 
 
-def constraints(w: Workload, sharding_type: str, key_value: bool) -> Dict[str, Any]:
-    kernel = ParameterConstraints(sharding_types=[sharding_type], compute_kernels=["fused"])
-    if key_value:
-        kernel = ParameterConstraints(sharding_types=[sharding_type], compute_kernels=["key_value"],
-                                      cache_params=CacheParams(load_factor=DEFAULT_LOAD_FACTOR))
-    return {t: kernel for t in table_names(w)}
+def constraints(w: Workload, sharding_type: str, load_factors: Optional[List[float]]) -> Dict[str, Any]:
+    """FUSED constraints (``load_factors`` None) or KEY_VALUE ones with each table's cache load factor."""
+    if load_factors is None:
+        return {t: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=["fused"])
+                for t in table_names(w)}
+    return {t: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=["key_value"],
+                                    cache_params=CacheParams(load_factor=f))
+            for t, f in zip(table_names(w), load_factors)}
 
 
 def time_policies(v: Variant) -> List[TimedPolicy]:
@@ -114,14 +116,14 @@ def rank_main(a: argparse.Namespace) -> None:
             "--pool or --catalogue (a larger working set), or lower --batch or --bag."
         )
     rows = [a.rows or 2 * n for n in working]
-    cache_basis = [math.ceil(a.cache_fraction * n / DEFAULT_LOAD_FACTOR) for n in working]
+    load_factors = [a.cache_fraction * n / r for n, r in zip(working, rows)]
     sharders = get_default_hybrid_sharders()
-    variants = [shard("FUSED", build_dlrm(w, tables(w, rows, "lru")), constraints(w, a.sharding_type, False),
+    variants = [shard("FUSED", build_dlrm(w, tables(w, rows, "lru")), constraints(w, a.sharding_type, None),
                       sharders, batches, pg)]
     timers: Dict[str, List[TimedPolicy]] = {}
     for policy in a.policies:
-        v = shard(f"KEY_VALUE {policy}", build_dlrm(w, tables(w, cache_basis, policy)),
-                  constraints(w, a.sharding_type, True), sharders, batches, pg)
+        v = shard(f"KEY_VALUE {policy}", build_dlrm(w, tables(w, rows, policy)),
+                  constraints(w, a.sharding_type, load_factors), sharders, batches, pg)
         timers[v.name] = time_policies(v)
         variants.append(v)
     before: Dict[str, Dict[str, float]] = {}
@@ -155,7 +157,7 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
     cache_rows = int(sum(r["cache_rows"] for r in variants[f"KEY_VALUE {a.policies[0]}"]["per_rank"]))
     fraction = cache_rows / sum(working)
     setting = (f"{a.tables} tables x dim {a.dim}, {a.sharding_type}; working set {min(working)}-{max(working)} IDs "
-               f"per table (Zipf({a.alpha}) over {a.catalogue} keys, pool of {a.pool} batches per rank); FUSED "
+               f"per table (Zipf({a.alpha}) over {a.catalogue} keys, pool of {a.pool} batches per rank), "
                f"{min(rows)}-{max(rows)} rows per table; KEY_VALUE caches {cache_rows} rows in all "
                f"({100 * fraction:.1f}% of the working set); batch {a.batch}/rank, ~{a.bag} IDs/sample/table; "
                f"2 ranks; {a.runs} runs x {a.steps} steps after {a.warmup} warm-up (medians)")
