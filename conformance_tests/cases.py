@@ -204,8 +204,8 @@ def pipeline_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
 def error_cases(profile: Any, quick: bool) -> List[Case]:
     """Bad inputs to hash tables (``errors/bad_inputs.py``) and what each error message must name.
 
-    ``expect``: ``raised`` (exception type) and ``names`` (fragments the message must contain). ``quick``: the
-    negative ID through the first sharded path and the full table.
+    ``expect``: ``raised`` (the exception class, or a base of it) and ``names`` (fragments the message must
+    contain). ``quick``: the negative ID through the first sharded path and the full table.
     """
     names = {"table": "'item'", "feature": "'f_item'"}
     types = [t for t in ("table_wise", "row_wise") if t in profile.sharding_types]

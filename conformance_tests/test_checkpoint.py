@@ -35,8 +35,9 @@ def cases_of(suite: SuiteConfig) -> List[Case]:
     """The checkpoint script's own cases, or one skipped case saying why there are none."""
     module = script_module()
     if module is None:
-        what = "is not part of this install yet" if not SCRIPT.exists() else f"does not define {' and '.join(PROTOCOL)}"
-        return [Case({"checkpoint": "round_trip_and_resharding"}, skip=f"conformance_tests/plugin/checkpoint.py {what}")]
+        what = f"does not define {' and '.join(PROTOCOL)}" if SCRIPT.exists() else "is not part of this install yet"
+        why = f"conformance_tests/plugin/checkpoint.py {what}"
+        return [Case({"checkpoint": "round_trip_and_resharding"}, skip=why)]
     return [Case(dict(params)) for params in module.conformance_cases(suite.world_size, suite.quick)]
 
 

@@ -37,8 +37,9 @@ def run(suite: SuiteConfig) -> ScriptRun:
 def test_case(case: Case, request: Any) -> None:
     r = result_of(request, "run", case)
     for oracle in ("unsharded", "python"):
-        assert r[f"fwd_err_{oracle}"] <= TOLERANCE, f"forward differs from the {oracle} oracle by {r[f'fwd_err_{oracle}']}"
-        assert r[f"row_err_{oracle}"] <= TOLERANCE, f"final rows differ from the {oracle} oracle by {r[f'row_err_{oracle}']}"
+        fwd, rows = r[f"fwd_err_{oracle}"], r[f"row_err_{oracle}"]
+        assert fwd <= TOLERANCE, f"forward output differs from the {oracle} oracle by {fwd}"
+        assert rows <= TOLERANCE, f"final rows differ from the {oracle} oracle by {rows}"
     assert r["ids"] == r["expected_ids"] > 0, (
         f"{r['ids']} IDs own rows across the shards, {r['expected_ids']} were seen: every ID must own exactly one row"
     )

@@ -42,7 +42,8 @@ def test_autoload_is_active(state: Dict[str, Any]) -> None:
 
 
 def test_device_backend_is_selected(state: Dict[str, Any], suite: SuiteConfig) -> None:
-    assert state["selected"] == suite.profile.name, f"backend {state['selected']!r} selected, not {suite.profile.name!r}"
+    wanted = suite.profile.name
+    assert state["selected"] == wanted, f"backend {state['selected']!r} selected, not {wanted!r}"
 
 
 def test_every_patch_applied(state: Dict[str, Any]) -> None:

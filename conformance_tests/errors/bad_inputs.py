@@ -11,8 +11,9 @@ rank of several would leave the others waiting in a collective. Each case is ``{
 * ``{"kind": "small_cache", "sharding_type": <type>}``: a KEY_VALUE table ``item`` whose device cache holds fewer
   rows than one batch brings.
 
-Rank 0 writes per case ``raised`` (the exception type name, or ``""`` when nothing was raised) and ``message``; the
-suite (``test_errors.py``) decides whether the message names what it must.
+Rank 0 writes per case ``raised`` (the exception type name, or ``""`` when nothing was raised), ``kinds`` (the names
+of its classes, base classes included) and ``message``; the suite (``test_errors.py``) decides whether the message
+names what it must.
 """
 
 from __future__ import annotations
@@ -122,9 +123,11 @@ def main() -> int:
     for case in json.loads(args.cases):
         try:
             run_case(case, pg)
-            result = {**case, "raised": "", "message": ""}
+            result = {**case, "raised": "", "kinds": [], "message": ""}
         except Exception as err:  # the point of every case: record what was raised
-            result = {**case, "raised": type(err).__name__, "message": str(err), "traceback": traceback.format_exc()}
+            kinds = [cls.__name__ for cls in type(err).__mro__]
+            result = {**case, "raised": type(err).__name__, "kinds": kinds, "message": str(err),
+                      "traceback": traceback.format_exc()}
         results.append(result)
         gc.collect()
     with open(args.out, "w") as f:

@@ -18,9 +18,8 @@ def main() -> int:
 
     diagnosis = doctor.diagnose()
     registry = autoload.registry()
-    patches = [
-        {"name": s.patch.name, "state": s.state.value, "detail": s.detail} for s in (registry.report() if registry else [])
-    ]
+    statuses = registry.report() if registry else []
+    patches = [{"name": s.patch.name, "state": s.state.value, "detail": s.detail} for s in statuses]
     print(json.dumps({
         "problems": diagnosis.problems,
         "text": diagnosis.text,

@@ -7,7 +7,6 @@ a script that ran on another device than the one under test.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
