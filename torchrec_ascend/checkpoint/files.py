@@ -104,9 +104,9 @@ class ArrayFileWriter:
         """
         if array.dtype.kind not in NUMERIC_KINDS:
             raise StorageError(f"checkpoint file '{self.path}': cannot store arrays of dtype {array.dtype}")
-        array = np.ascontiguousarray(array)
+        array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
         data = memoryview(array).cast("B") if array.size else memoryview(b"")
-        padding = -self._offset % ALIGN
+        padding = -self._offset % ALIGN if len(data) else 0
         try:
             self._file.write(b"\0" * padding)
             self._file.write(data)
@@ -187,6 +187,8 @@ def read_array(path: str, entry: Dict[str, Any], what: str) -> np.ndarray:
             view = memoryview(out).cast("B") if nbytes else memoryview(bytearray())
             if f.readinto(view) != nbytes:
                 raise StorageError(f"checkpoint file '{path}': short read of {what}")
+    except StorageError:
+        raise
     except OSError as error:
         raise StorageError(f"checkpoint file '{path}': cannot read {what}: {error}") from error
     if crc32(view) != expected:

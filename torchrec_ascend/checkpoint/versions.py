@@ -179,6 +179,7 @@ def begin_save(root: str) -> Tuple[int, Optional[CheckpointInfo]]:
                 latest = CheckpointInfo.of(save_directory(root, version), metadata)
                 break
             shutil.rmtree(save_directory(root, version))  # an interrupted save: never loadable, never needed
+        versions = all_versions(root)
         version = (versions[-1] if versions else 0) + 1
         os.makedirs(save_directory(root, version))
     except OSError as error:

@@ -1,0 +1,98 @@
+"""Checkpoint records: increments applied like dict updates, shard ownership a partition of the IDs, and column
+shards joined or cut like slices of the full rows. Oracles: a dict model, the reference hash_rank, slicing."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchrec_ascend.checkpoint.layout import ShardLayout
+from torchrec_ascend.checkpoint.records import apply_increment, assemble
+from torchrec_ascend.errors import StorageError
+from torchrec_ascend.kernels import reference
+from torchrec_ascend.kernels.fused import ShardRows
+
+IDS = st.lists(st.integers(0, 2**63 - 1), max_size=12, unique=True)
+BASE = ShardLayout(table="t", hash_ids=True, dim=8, col0=0, cols=8, bucket=0, buckets=1, row_offset=0, rows=64,
+                   capacity=63, key_value=False, optimizer="exact_adagrad", states=("element", "row"), eviction="",
+                   admission="")
+
+
+def records(ids: List[int], width: int, value: float) -> ShardRows:
+    n = len(ids)
+    rows = torch.arange(n * width, dtype=torch.float32).view(n, width) + value
+    t = torch.tensor(ids, dtype=torch.int64)
+    return ShardRows(t, torch.arange(n), torch.full((n,), 7), rows)
+
+
+def as_dict(r: ShardRows) -> Dict[int, List[float]]:
+    return {i: row.tolist() for i, row in zip(r.ids.tolist(), r.rows)}
+
+
+@settings(deadline=None)
+@given(IDS, IDS, IDS)
+def test_increment_is_a_dict_update(base_ids: List[int], changed_ids: List[int], removed_ids: List[int]) -> None:
+    removed_ids = [i for i in removed_ids if i not in changed_ids]  # a save never both changes and drops an ID
+    base, changed = records(base_ids, 3, 0.0), records(changed_ids, 3, 1000.0)
+    expected = as_dict(base)
+    for i in removed_ids:
+        expected.pop(i, None)
+    expected.update(as_dict(changed))
+    merged = apply_increment(base, changed, torch.tensor(removed_ids, dtype=torch.int64))
+    assert as_dict(merged) == expected and merged.ids.numel() == len(expected)
+
+
+@settings(deadline=None)
+@given(st.lists(st.integers(0, 2**63 - 1), max_size=50), st.integers(1, 6))
+def test_row_blocks_partition_the_ids(ids: List[int], buckets: int) -> None:
+    ids_t = torch.tensor(ids, dtype=torch.int64)
+    owners = torch.stack([dataclasses.replace(BASE, bucket=b, buckets=buckets).owns(ids_t) for b in range(buckets)])
+    assert bool((owners.sum(0) == 1).all())
+    torch.testing.assert_close(owners.int().argmax(0), reference.hash_rank(ids_t, buckets), rtol=0, atol=0)
+
+
+def test_plain_tables_own_their_row_range() -> None:
+    layout = dataclasses.replace(BASE, hash_ids=False, row_offset=16, rows=16)
+    assert layout.owns(torch.tensor([15, 16, 31, 32])).tolist() == [False, True, True, False]
+    assert layout.to_global(torch.tensor([0, 15])).tolist() == [16, 31]
+
+
+def column_shard(col0: int, cols: int, ids: List[int], full: torch.Tensor, row_state: torch.Tensor) -> tuple:
+    """A saved column shard of ``full`` ([n, 8] weights; element state = weights * 10) with its row state."""
+    layout = dataclasses.replace(BASE, col0=col0, cols=cols)
+    weights = full[:, col0:col0 + cols]
+    rows = torch.cat([weights, weights * 10, row_state[:, None]], dim=1)
+    order = torch.randperm(len(ids))  # saved in slot order, not ID order
+    return layout, ShardRows(torch.tensor(ids)[order], torch.arange(len(ids))[order], torch.zeros(len(ids),
+                                                                                         dtype=torch.int64), rows[order])
+
+
+def test_columns_joined_and_cut_like_slices() -> None:
+    ids = [50, 3, 17, 99]
+    full = torch.randn(4, 8)
+    order = torch.argsort(torch.tensor(ids))
+    left = column_shard(0, 4, ids, full, torch.full((4,), 2.0))
+    right = column_shard(4, 4, ids, full, torch.full((4,), 4.0))
+    joined = assemble(BASE, [left, right])
+    assert joined.ids.tolist() == sorted(ids)
+    torch.testing.assert_close(joined.rows[:, :8], full[order])
+    torch.testing.assert_close(joined.rows[:, 8:16], full[order] * 10)
+    torch.testing.assert_close(joined.rows[:, 16], torch.full((4,), 3.0))  # column-weighted mean of 2 and 4
+    middle = assemble(dataclasses.replace(BASE, col0=2, cols=4), [left, right])
+    torch.testing.assert_close(middle.rows[:, :4], full[order][:, 2:6])
+    torch.testing.assert_close(middle.rows[:, 4:8], full[order][:, 2:6] * 10)
+
+
+def test_missing_columns_and_disagreeing_shards_are_errors() -> None:
+    ids, full = [1, 2], torch.randn(2, 8)
+    left = column_shard(0, 4, ids, full, torch.zeros(2))
+    with pytest.raises(StorageError, match="cover columns"):
+        assemble(BASE, [left])
+    other = column_shard(4, 4, [1, 3], full, torch.zeros(2))
+    with pytest.raises(StorageError, match="hold different IDs"):
+        assemble(BASE, [left, other])
