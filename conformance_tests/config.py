@@ -17,7 +17,7 @@ import difflib
 import functools
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from torchrec_ascend.conformance_tests.cases import Case
 from torchrec_ascend.conformance_tests.launch import DEVICE_ENV, LaunchError, ran_on, run_distributed, script_env
@@ -33,6 +33,23 @@ OPTIONS = {
                                             "default: every installed policy"),
     "--conformance-quick": ("--quick", False, "fewer cases and steps, one case per area"),
 }
+
+
+def add_options(add: Callable[..., Any], cli: bool) -> None:
+    """Declare the settings of :data:`OPTIONS` with ``add``: pytest's ``addoption`` or argparse's ``add_argument``.
+
+    Args:
+        add: the declaring function (both take argparse's keywords).
+        cli: declare the CLI flags (``--device``...) rather than the pytest options (``--conformance-device``...).
+    """
+    for option, (flag, default, help_text) in OPTIONS.items():
+        name = flag if cli else option
+        if isinstance(default, bool):
+            add(name, action="store_true", default=False, help=help_text)
+        elif isinstance(default, tuple):
+            add(name, action="append", default=[], metavar="NAME[=JSON]", help=help_text)
+        else:
+            add(name, type=type(default), default=default, help=f"{help_text} (default {default})")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any, Dict
 
 import pytest
 
-from torchrec_ascend.conformance_tests.config import CHECKS, OPTIONS, SuiteConfig
+from torchrec_ascend.conformance_tests.config import CHECKS, SuiteConfig, add_options
 from torchrec_ascend.conformance_tests.summary import CaseOutcome, check_of, format_table, record, summarize
 
 PACKAGE_DIR = Path(__file__).parent
@@ -60,14 +60,7 @@ class _Summary:
 
 
 def pytest_addoption(parser: Any) -> None:
-    group = parser.getgroup("conformance", "torchrec-ascend conformance suite")
-    for option, (_, default, help_text) in OPTIONS.items():
-        if isinstance(default, bool):
-            group.addoption(option, action="store_true", default=default, help=help_text)
-        elif isinstance(default, tuple):
-            group.addoption(option, action="append", default=[], metavar="NAME[=JSON]", help=help_text)
-        else:
-            group.addoption(option, type=type(default), default=default, help=help_text)
+    add_options(parser.getgroup("conformance", "torchrec-ascend conformance suite").addoption, cli=False)
 
 
 def pytest_configure(config: Any) -> None:

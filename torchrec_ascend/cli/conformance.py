@@ -22,7 +22,7 @@ import sys
 from typing import List
 
 from torchrec_ascend import conformance_tests
-from torchrec_ascend.conformance_tests.config import CHECKS, OPTIONS, SuiteConfig
+from torchrec_ascend.conformance_tests.config import CHECKS, OPTIONS, SuiteConfig, add_options
 from torchrec_ascend.errors import TorchRecAscendError
 
 PACKAGE = conformance_tests.__name__
@@ -36,15 +36,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "conformance",
         help="check this install against TorchRec's reference semantics on a device",
-        description=__doc__.split("\n\n")[1].replace("\n", " "),
+        description=__doc__.split("\n\n")[1].replace("\n", " ").replace("``", ""),
     )
-    for option, (flag, default, help_text) in OPTIONS.items():
-        if isinstance(default, bool):
-            parser.add_argument(flag, action="store_true", help=help_text)
-        elif isinstance(default, tuple):
-            parser.add_argument(flag, action="append", default=[], metavar="NAME[=JSON]", help=help_text)
-        else:
-            parser.add_argument(flag, type=type(default), default=default, help=f"{help_text} (default {default})")
+    add_options(parser.add_argument, cli=True)
     parser.add_argument("--only", nargs="+", choices=CHECKS, metavar="CHECK",
                         help=f"run only these checks: {', '.join(CHECKS)}")
     parser.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report (one test case per case)")
