@@ -12,7 +12,8 @@ Reported: global samples/s (median over runs, variants timed in turns) and hash 
 Target: >= 0.85x for row_wise and for table_wise. The hash tables' counters are checked too: no ID rejected or
 evicted, so both models train the same number of rows.
 
-This machine has 2 shared cores, one per rank: runs vary by 10-30 %, hence medians of interleaved runs.
+This machine has 2 shared cores, one per rank: single runs vary by 2x and more when other jobs run, hence medians
+of interleaved runs.
 
 Run (launches its own 2 ranks)::
 

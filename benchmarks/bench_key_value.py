@@ -19,8 +19,9 @@ swapped in per step, and the time spent inside the eviction policy (every policy
 ``bench_policies.py``) per step and as a share of the step. Targets: KEY_VALUE (LRU) >= 0.6x FUSED samples/s; the
 eviction policy <= 10% of a KEY_VALUE step, for every policy.
 
-This machine has 2 shared cores, one per rank: runs vary by 10-30 %, hence medians of interleaved runs. The warm-up
-is one pass over the pool (every ID has been seen, the cache is in its steady state).
+This machine has 2 shared cores, one per rank: single runs vary by 2x and more when other jobs run, hence medians
+of interleaved runs. The warm-up is one pass over the pool (every ID has been seen, the cache is in its steady
+state).
 
 Run (launches its own 2 ranks)::
 

@@ -6,8 +6,8 @@ for the others the printed tables are parsed here, and a section whose output ca
 section also keeps the raw output, so nothing depends on the parsing alone.
 
 Per benchmark the report gives the command, the baseline, the medians and ratios, the target and whether it was
-met; its header states the date, the machine and the load on it (2 shared cores here: expect 10-30 % run-to-run
-noise; every ratio is against a baseline measured in the same run).
+met; its header states the date, the machine and the load on it (2 shared cores here: single runs vary by 2x and
+more under load; every ratio is against a baseline measured in the same run).
 
 Run (about 4-5 minutes here)::
 
@@ -283,7 +283,7 @@ def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, loa
         "",
         *machine(),
         f"- Load average (1/5/15 min) before: {load_before}; after: {load()}. The machine is shared: other jobs "
-        "ran on its 2 cores meanwhile, so absolute numbers vary by 10-30 % between runs. Every ratio below is "
+        "ran on its 2 cores meanwhile, so single runs vary by 2x and more (see the runs columns). Every ratio below is "
         "against a baseline measured in the same run (interleaved with it where the benchmark says so), and every "
         "figure is a median over repeats.",
     ]
