@@ -107,7 +107,8 @@ def evaluate(
     """HR@k and NDCG@k of the model and of the popularity baseline, over all users (collective call).
 
     Args:
-        model: the unwrapped :class:`model.HSTURecommender` (``DistributedModelParallel.module``), in eval mode.
+        model: the unwrapped :class:`model.HSTURecommender` (``DistributedModelParallel.module``), its encoder in
+            eval mode.
         split: leave-one-out split; the held-out items are the targets.
         catalogue: int64 ``[I]``, ascending: the items that are ranked.
         max_seq_len: history length fed to the model.

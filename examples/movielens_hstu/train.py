@@ -54,9 +54,10 @@ from torchrec_ascend.datasets import leave_one_out, load_movielens_100k
 from torchrec_ascend.policies.registry import find_policy
 
 
-# Known, harmless notices from TorchRec 1.8 internals (deprecated DDP argument, fx tracing), silenced so the job's
-# own output stays readable.
+# Known, harmless notices from TorchRec 1.8 internals (deprecated DDP argument, ShardedTensor in state_dict, fx
+# tracing), silenced so the job's own output stays readable.
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"torchrec\.")
+warnings.filterwarnings("ignore", message="Please use DTensor instead", category=FutureWarning)
 logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
 
 # Cache counters summed over ranks for the report (cumulative, except the tier sizes, which are current).
