@@ -213,7 +213,13 @@ class HashRows:
         return self._slot_tables[t]
 
     def shard_info(self, t: int) -> ShardInfo:
-        """Where table ``t``'s shard sits and what its rows hold (see :class:`ShardInfo`)."""
+        """Where table ``t``'s shard sits and what its rows hold (see :class:`ShardInfo`).
+
+        Example::
+
+            info = kernel.shard_info(0)
+            info.name, info.col0, info.cols, info.state_shapes   # ('user', 0, 16, ((16,),)) with Adagrad
+        """
         emb = self._emb_module  # type: ignore[attr-defined]
         table = self._slot_tables[t]
         return ShardInfo(
@@ -274,6 +280,11 @@ class HashRows:
         Raises:
             RuntimeError: ``changed_only`` without a checkpoint mark.
             StorageError: a lower-tier row cannot be read back intact.
+
+        Example::
+
+            blocks, removed = kernel.export_shard(0, changed_only=True)
+            changed = sum(block.ids.numel() for block in blocks)
         """
         table = self._slot_tables[t]
         if changed_only:
@@ -289,7 +300,12 @@ class HashRows:
         return iter([pool, _lower_tier_rows(left[found], rows[found])]), left[~found]
 
     def shard_state(self, t: int) -> Dict[str, Any]:
-        """:meth:`SlotTable.checkpoint_state` of table ``t`` plus ``iteration``, the fused optimizer's step count."""
+        """:meth:`SlotTable.checkpoint_state` of table ``t`` plus ``iteration``, the fused optimizer's step count.
+
+        Example::
+
+            state = kernel.shard_state(0)   # {"step": 12, "counters": {...}, "iteration": 12, ...}
+        """
         return {**self._slot_tables[t].checkpoint_state(), "iteration": self.optimizer_iteration()}
 
     def restore_shard(self, t: int, records: ShardRows, state: Dict[str, Any]) -> None:
@@ -305,6 +321,11 @@ class HashRows:
             ConfigError: rows without a pool slot for a kernel without lower tiers, or a policy state that does
                 not fit.
             StorageError: a lower tier cannot take the rows.
+
+        Example::
+
+            records = ShardRows(ids, torch.arange(len(ids)), last_used, packed_rows)
+            kernel.restore_shard(0, records, {"step": 12})
         """
         pooled = records.slots >= 0
         slots = records.slots[pooled]

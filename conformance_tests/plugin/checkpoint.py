@@ -13,6 +13,10 @@ budget: rows live in all three tiers. A case is one of:
   ``world_size`` ranks with that layout and kernel for the hash tables, loads ``D/ckpt``, and trains on.
 * ``{"action": "round_trip", <save fields>, "load_sharding_type", "load_kernel", "load_world_size"}``: both, in a
   temporary directory (what the conformance suite runs; :func:`conformance_cases`).
+* ``{"action": "dense"}``: the two checkpoint paths together: a dense layer over a FUSED hash table and a plain FUSED
+  table, the hash table through the Saver, the rest through torch.distributed.checkpoint with
+  :func:`~torchrec_ascend.checkpoint.dense_state_dict`, loaded into a model with other dense weights. Reports
+  ``dense_err`` (outputs vs. the saved model's) and the state_dict keys each path took.
 
 ``policy`` is ``"default"`` (admit all; FUSED tables never full) or ``"evict"`` (FUSED hash tables a fifth of the
 IDs in size: LFU eviction and count admission at work; use it with an unchanged layout).
@@ -34,6 +38,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torchrec
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -42,8 +47,9 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
-from torchrec_ascend.checkpoint import Saver
+from torchrec_ascend.checkpoint import Saver, dense_state_dict
 from torchrec_ascend.checkpoint.saver import local_shards
+from torchrec_ascend.checkpoint.stock import saver_keys
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, rows_of
 from torchrec_ascend.conformance_tests.plugin.runner import main
 
@@ -75,12 +81,17 @@ def conformance_cases(world_size: int, quick: bool) -> List[Dict[str, Any]]:
         round_trip_case("ebc", "column_wise", "fused", "adagrad", "default", "table_wise", "key_value", 1),
         round_trip_case("ec", spread, "key_value", "sgd", "default", "table_wise", "fused", world_size),
     ]
-    return cases[1:3] if quick else cases
+    return cases[1:3] if quick else cases + [{"action": "dense"}]
 
 
 def check_result(result: Dict[str, Any]) -> None:
     """Raise AssertionError saying what differs (see the module docstring for the fields)."""
     assert not result.get("error"), result.get("traceback") or result["error"]
+    if result["action"] == "dense":
+        assert result["dense_err"] == 0.0, f"outputs after loading both paths differ by {result['dense_err']}"
+        assert result["saver_keys"] == ["ebc.embedding_bags.user.weight"], result["saver_keys"]
+        assert {"dense.weight", "dense.bias", "ebc.embedding_bags.plain.weight"} == set(result["dcp_keys"])
+        return
     if result["action"] == "save":
         assert result["saved_ids"] > 0, "the save case trained no IDs"
         return
@@ -296,8 +307,68 @@ def load_action(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, 
     return result
 
 
+class DenseOnTop(torch.nn.Module):
+    """A linear layer over the pooled embeddings of a collection (the dense part of a model)."""
+
+    def __init__(self, collection: torch.nn.Module, seed: int) -> None:
+        super().__init__()
+        self.ebc = collection
+        torch.manual_seed(seed)
+        self.dense = torch.nn.Linear(2 * DIM, 1)
+
+    def forward(self, kjt: KeyedJaggedTensor) -> torch.Tensor:
+        return self.dense(self.ebc(kjt).values())
+
+
+def dense_action(world: Any) -> Dict[str, Any]:
+    """Save a hash table with the Saver and the rest with DCP, load both into a model with other dense weights."""
+    directory = _broadcast(tempfile.mkdtemp(prefix="dense-") if world.rank() == 0 else None, world)
+
+    def build_dense(seed: int) -> Tuple[Any, List[torch.nn.Parameter]]:
+        ebc = torchrec.EmbeddingBagCollection(tables=[
+            HashEmbeddingBagConfig(name="user", num_embeddings=CAPACITY["default"], embedding_dim=DIM,
+                                   feature_names=["f_user"]),
+            torchrec.EmbeddingBagConfig(name="plain", num_embeddings=PLAIN_ROWS, embedding_dim=DIM,
+                                        feature_names=["f_plain"]),
+        ])
+        apply_optimizer_in_backward(torch.optim.Adagrad, list(ebc.parameters()), {"lr": LR})
+        model = DenseOnTop(ebc, seed)
+        constraints = {name: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"])
+                       for name in ("user", "plain")}
+        planner = EmbeddingShardingPlanner(topology=Topology(world_size=world.size(), compute_device="cpu"),
+                                           constraints=constraints)
+        sharders = get_default_hybrid_sharders()
+        dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(world), device=DEVICE,
+                                       plan=planner.plan(model, sharders), sharders=sharders)
+        return dmp, list(model.dense.parameters())
+
+    def batch(step: int) -> KeyedJaggedTensor:
+        kjt, _ = local_part(step, world.rank(), world.size())
+        return KeyedJaggedTensor.from_jt_dict({f: kjt[f] for f in ("f_user", "f_plain")})
+
+    saved, dense_parameters = build_dense(seed=1)
+    optimizer = torch.optim.SGD(dense_parameters, lr=LR)
+    for step in range(3):
+        saved(batch(step)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    Saver(process_group=world).save(saved, os.path.join(directory, "sparse"))
+    dcp.save({"model": dense_state_dict(saved)}, checkpoint_id=os.path.join(directory, "dense"))
+    loaded, _ = build_dense(seed=2)
+    state = {"model": dense_state_dict(loaded)}
+    dcp_keys = sorted(state["model"])  # before load_state_dict: TorchRec's adds prefixes to the dict it is given
+    dcp.load(state, checkpoint_id=os.path.join(directory, "dense"))
+    loaded.load_state_dict(state["model"], strict=False)
+    Saver(process_group=world).load(loaded, os.path.join(directory, "sparse"))
+    with torch.no_grad():
+        err = (saved(batch(9)) - loaded(batch(9))).abs().max().item()
+    return {"dense_err": err, "saver_keys": sorted(saver_keys(saved)), "dcp_keys": dcp_keys}
+
+
 def run_case(case: Dict[str, Any], world: Any) -> Dict[str, Any]:
     action = case["action"]
+    if action == "dense":
+        return dense_action(world)
     if action == "save":
         return save_action(case, world, case["dir"])
     if action == "load":

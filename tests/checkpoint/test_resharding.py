@@ -54,8 +54,10 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Any]:
         (root / name).mkdir()
     cases += [checkpoint.round_trip_case(kind, st, kernel, opt, policy, st, kernel, 2)
               for kind, st, kernel, opt, policy in ROUND_TRIPS]
+    cases.append({"action": "dense"})
     results = run_distributed(SCRIPT, world_size=2, cases=cases, timeout=600)["results"]
-    return {"root": root, "saves": dict(zip(SAVES, results)), "round_trips": results[len(SAVES):]}
+    return {"root": root, "saves": dict(zip(SAVES, results)), "round_trips": results[len(SAVES):-1],
+            "dense": results[-1]}
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +90,7 @@ def test_loaded_at_another_world_size(loaded: Dict[str, Any], saved: Dict[str, A
     checkpoint.check_result(result)
     assert result["ids"] == saved["saves"][load[0]]["saved_ids"], "every saved ID is restored exactly once"
     assert result["chain"] == [1, 2, 3], "the load replays the full save and both increments"
+
+
+def test_saver_and_dcp_together_restore_the_whole_model(saved: Dict[str, Any]) -> None:
+    checkpoint.check_result(saved["dense"])  # hash table by the Saver; dense layer and plain table by DCP

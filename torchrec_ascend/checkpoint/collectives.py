@@ -30,6 +30,11 @@ class Group:
     Args:
         process_group: the group whose ranks take part; None means the default group when torch.distributed is
             initialised, else this process alone.
+
+    Example::
+
+        group = Group(None)
+        sizes = group.all_gather(len(shards))   # one per rank, on every rank
     """
 
     def __init__(self, process_group: Optional[Any]) -> None:

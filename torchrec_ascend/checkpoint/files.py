@@ -42,6 +42,11 @@ def fsync_directory(path: str) -> None:
 
     Raises:
         StorageError: the directory cannot be opened or synced.
+
+    Example::
+
+        os.replace(tmp, final)
+        fsync_directory(os.path.dirname(final))
     """
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -54,7 +59,12 @@ def fsync_directory(path: str) -> None:
 
 
 def crc32(data: memoryview) -> int:
-    """CRC-32 of ``data`` (in chunks: zlib takes at most 4 GiB at once)."""
+    """CRC-32 of ``data`` (in chunks: zlib takes at most 4 GiB at once).
+
+    Example::
+
+        crc32(memoryview(np.arange(4)).cast("B"))
+    """
     value = 0
     for start in range(0, len(data), _CRC_CHUNK):
         value = zlib.crc32(data[start : start + _CRC_CHUNK], value)
@@ -160,6 +170,10 @@ def read_array(path: str, entry: Dict[str, Any], what: str) -> np.ndarray:
 
     Raises:
         StorageError: the file is missing, truncated or corrupted, or the entry is malformed.
+
+    Example::
+
+        ids = read_array(path, entry, "ids of table 'user'")
     """
     try:
         dtype = np.dtype(entry["dtype"])
@@ -204,6 +218,10 @@ def write_json(path: str, content: Dict[str, Any]) -> None:
 
     Raises:
         StorageError: the file cannot be written.
+
+    Example::
+
+        write_json("/ckpt/save-00000001/metadata.json", {"version": 1})
     """
     directory, name = os.path.split(path)
     tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}")
@@ -225,6 +243,10 @@ def read_json(path: str) -> Optional[Dict[str, Any]]:
 
     Raises:
         StorageError: the file exists but is not a JSON object (truncated or corrupted).
+
+    Example::
+
+        metadata = read_json("/ckpt/save-00000001/metadata.json")  # None while the save is incomplete
     """
     try:
         with open(path) as f:

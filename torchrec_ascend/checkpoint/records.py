@@ -29,13 +29,23 @@ logger = logging.getLogger(__name__)
 
 
 def empty(width: int) -> ShardRows:
-    """No records, rows of ``width`` elements."""
+    """No records, rows of ``width`` elements.
+
+    Example::
+
+        empty(24).rows.shape   # (0, 24)
+    """
     none = torch.empty(0, dtype=torch.int64)
     return ShardRows(none, none, none, torch.empty(0, width))
 
 
 def concat(blocks: Sequence[ShardRows], width: int) -> ShardRows:
-    """The records of ``blocks`` one after the other (``width``: row width when there are none)."""
+    """The records of ``blocks`` one after the other (``width``: row width when there are none).
+
+    Example::
+
+        everything = concat(list(blocks), layout.width)
+    """
     if not blocks:
         return empty(width)
     if len(blocks) == 1:
@@ -49,7 +59,12 @@ def concat(blocks: Sequence[ShardRows], width: int) -> ShardRows:
 
 
 def select(records: ShardRows, index: torch.Tensor) -> ShardRows:
-    """The records at ``index`` (a bool mask or int64 positions)."""
+    """The records at ``index`` (a bool mask or int64 positions).
+
+    Example::
+
+        mine = select(records, layout.owns(records.ids))
+    """
     return ShardRows(records.ids[index], records.slots[index], records.last_used[index], records.rows[index])
 
 
@@ -84,6 +99,10 @@ def assemble(target: ShardLayout, sources: Sequence[Tuple[ShardLayout, ShardRows
     Raises:
         StorageError: the saved shards lack some of ``target``'s columns, or column shards of one row block hold
             different IDs.
+
+    Example::
+
+        rows = assemble(new_layout, [(left_layout, left_records), (right_layout, right_records)])
     """
     blocks: Dict[Tuple[int, int], List[Tuple[ShardLayout, ShardRows]]] = {}
     for layout, records in sources:

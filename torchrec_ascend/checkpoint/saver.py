@@ -12,7 +12,9 @@ training since then, rows that left a KEY_VALUE cache, IDs a FUSED table dropped
 its increments. An incremental save is written as a full one (with a warning) when there is nothing to build on:
 no save in the path yet, the model's last save or exact load was another one, or a table was resharded at load.
 
-Save between training steps, with no batch in flight in a pipeline (drain or detach it first).
+Save between training steps, with no batch in flight in a pipeline (drain or detach it first). With several
+hosts, ``path`` must be on a filesystem every rank sees (a load reads the files of the ranks that own its IDs). Pass
+``process_group`` when the model is sharded over another group than the default one.
 
 Example::
 
@@ -198,6 +200,11 @@ def local_shards(model: torch.nn.Module) -> List[LocalShard]:
     Raises:
         ConfigError: two shards on this rank claim the same table, columns and rows (two sharded modules use the
             same table name: checkpoints identify tables by name).
+
+    Example::
+
+        for kernel, t, layout in local_shards(dmp):
+            print(layout.table, layout.col0, layout.bucket, kernel.slot_table(t).stats()["size"])
     """
     shards = [
         (kernel, t, ShardLayout.of(kernel.shard_info(t)))

@@ -45,6 +45,11 @@ def write_shard(
 
     Raises:
         StorageError: the write failed.
+
+    Example::
+
+        blocks, removed = kernel.export_shard(t, changed_only=True)
+        entry = write_shard(writer, layout, blocks, removed, kernel.shard_state(t))
     """
     entry: Dict[str, Any] = {"layout": layout.to_json(), "file": os.path.basename(writer.path), "blocks": []}
     for block in blocks:
@@ -65,7 +70,13 @@ def write_shard(
 
 
 def read_shard_state(directory: str, entry: Dict[str, Any]) -> Dict[str, Any]:
-    """The state :func:`write_shard` wrote (tensors, policy state dicts and JSON values), read back."""
+    """The state :func:`write_shard` wrote (tensors, policy state dicts and JSON values), read back.
+
+    Example::
+
+        state = read_shard_state(save_dir, entry)
+        kernel.restore_shard(t, records, state)
+    """
     state: Dict[str, Any] = dict(entry["state"])
     state.setdefault("eviction", {})
     state.setdefault("admission", {})
@@ -92,6 +103,10 @@ def read_chain_records(
 
     Raises:
         StorageError: a data file is missing, truncated or corrupted.
+
+    Example::
+
+        records = read_chain_records([(dir1, entry1), (dir2, entry2)], keep=new_layout.owns)
     """
     width = ShardLayout.from_json(chain[0][1]["layout"]).width
     records = empty(width)

@@ -73,12 +73,22 @@ class CheckpointInfo:
 
 
 def save_directory(root: str, version: int) -> str:
-    """The directory of save ``version`` under ``root``."""
+    """The directory of save ``version`` under ``root``.
+
+    Example::
+
+        save_directory("/ckpt", 3)   # '/ckpt/save-00000003'
+    """
     return os.path.join(root, f"save-{version:08d}")
 
 
 def all_versions(root: str) -> List[int]:
-    """Every save number under ``root``, complete or not, ascending (none if ``root`` does not exist)."""
+    """Every save number under ``root``, complete or not, ascending (none if ``root`` does not exist).
+
+    Example::
+
+        all_versions("/ckpt")   # [1, 2, 3]
+    """
     try:
         names = os.listdir(root)
     except FileNotFoundError:
@@ -91,6 +101,10 @@ def read_metadata(root: str, version: int) -> Optional[Dict[str, Any]]:
 
     Raises:
         StorageError: the metadata file is corrupted or of an unknown format version.
+
+    Example::
+
+        read_metadata("/ckpt", 3) is None   # save 3 was interrupted
     """
     path = os.path.join(save_directory(root, version), METADATA)
     metadata = read_json(path)
@@ -129,6 +143,11 @@ def resolve_chain(root: str, version: Optional[int] = None) -> List[Tuple[str, D
     Raises:
         StorageError: no complete save, the requested one is missing or incomplete, a save of its chain is
             missing, or a metadata file is corrupted.
+
+    Example::
+
+        for directory, metadata in resolve_chain("/ckpt"):   # the full save first
+            print(directory, metadata["kind"])
     """
     if version is None:
         for candidate in reversed(all_versions(root)):
@@ -164,6 +183,10 @@ def begin_save(root: str) -> Tuple[int, Optional[CheckpointInfo]]:
 
     Raises:
         StorageError: ``root`` cannot be created or written.
+
+    Example::
+
+        version, latest = begin_save("/ckpt")   # (4, CheckpointInfo(version=3, ...))
     """
     try:
         os.makedirs(root, exist_ok=True)
