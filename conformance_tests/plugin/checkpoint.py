@@ -50,6 +50,7 @@ from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_def
 from torchrec_ascend.checkpoint import Saver, dense_state_dict
 from torchrec_ascend.checkpoint.saver import local_shards
 from torchrec_ascend.checkpoint.stock import saver_keys
+from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, rows_of
 from torchrec_ascend.conformance_tests.plugin.runner import main
 
@@ -65,7 +66,6 @@ CONTINUE = 3  # steps trained after the last save
 LR, EPS = 0.1, 1e-8
 RESHARD_TOLERANCE = 1e-5  # float summation order changes with the layout; an unchanged layout is bit for bit
 FEATURES = [f"f_{name}" for name, _ in HASH_TABLES] + ["f_plain"]
-DEVICE = torch.device("cpu")
 
 
 # -- the suite's protocol ----------------------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ def make_module(kind: str, policy: str, device: torch.device) -> torch.nn.Module
 def build(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, disk: str) -> DistributedModelParallel:
     """``spec``'s model sharded over ``pg``: hash tables as asked; the plain table KEY_VALUE, row-wise (by row
     ranges) unless the hash tables are (a module cannot mix row-wise hash and plain tables), else table-wise."""
-    device = DEVICE
+    device = script_device()
     torch.manual_seed(0)  # the plain table's initial rows
     module = make_module(spec["kind"], spec["policy"], device)
     lookups = module.embeddings if spec["kind"] == "ec" else module.embedding_bags
@@ -191,7 +191,7 @@ def local_part(step: int, rank: int, world: int) -> Tuple[KeyedJaggedTensor, Dic
         values.append(all_values[int(offsets[lo]):int(offsets[hi])])
         ranges[feature] = (int(offsets[lo]), int(offsets[hi])), (lo, hi)
     kjt = KeyedJaggedTensor.from_lengths_sync(keys=FEATURES, values=torch.cat(values), lengths=torch.cat(lengths))
-    return kjt.to(DEVICE), ranges
+    return kjt.to(script_device()), ranges
 
 
 def train_step(model: Any, kind: str, step: int, pg: Any) -> List[torch.Tensor]:
@@ -335,10 +335,11 @@ def dense_action(world: Any) -> Dict[str, Any]:
         model = DenseOnTop(ebc, seed)
         constraints = {name: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"])
                        for name in ("user", "plain")}
-        planner = EmbeddingShardingPlanner(topology=Topology(world_size=world.size(), compute_device="cpu"),
-                                           constraints=constraints)
+        planner = EmbeddingShardingPlanner(
+            topology=Topology(world_size=world.size(), compute_device=script_device().type), constraints=constraints
+        )
         sharders = get_default_hybrid_sharders()
-        dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(world), device=DEVICE,
+        dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(world), device=script_device(),
                                        plan=planner.plan(model, sharders), sharders=sharders)
         return dmp, list(model.dense.parameters())
 

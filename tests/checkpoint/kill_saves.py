@@ -8,8 +8,8 @@ step, full and incremental in turn, reporting ``begin <version>`` and ``end <ver
 save after the first is under way, the parent sleeps a random fraction of a save's duration and SIGKILLs the child.
 
 Then, in the parent (one rank): every trial's path is loaded into a fresh model and compared, every row of every
-tier, with a model trained for as many steps without any save (the oracle); a new save over the interrupted one
-must clear it. Last, copies of a checkpoint are damaged (a data file truncated, a byte flipped, the metadata
+tier, with a model trained for as many steps without any save (the oracle). The job then resumes: one more step
+and an incremental save over the loaded one (which must clear the interrupted save), loaded again and compared. Last, copies of a checkpoint are damaged (a data file truncated, a byte flipped, the metadata
 truncated) and each load must raise StorageError naming the damaged file.
 """
 
@@ -158,10 +158,16 @@ def verify(trial: Dict[str, Any], seed_path: str) -> Dict[str, Any]:
         train_step(reference, step)
     mine, theirs = all_rows(model), all_rows(reference)
     same = mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
-    Saver().save(model, root, incremental=True)
+    train_step(model, info.version)  # the job resumes: one more step, then its next (incremental) save
+    resumed = Saver().save(model, root, incremental=True)
     left = [v for v in all_versions(root) if read_metadata(root, v) is None]
+    again = build(os.path.join(seed_path, "disk"))
+    Saver().load(again, root)
+    after, reloaded = all_rows(model), all_rows(again)
+    same_after = after.keys() == reloaded.keys() and all(torch.equal(after[k], reloaded[k]) for k in after)
     return {**trial, "loaded": info.version, "kind": info.kind, "rows": len(mine), "same_rows": same,
-            "incomplete_before": incomplete, "incomplete_after": left}
+            "incomplete_before": incomplete, "incomplete_after": left, "resumed_kind": resumed.kind,
+            "resumed_chain": list(resumed.chain), "resumed_same_rows": same_after}
 
 
 def damaged_loads(root: str, scratch: str) -> Dict[str, str]:

@@ -36,6 +36,8 @@ def test_killed_save_leaves_previous_save_loadable(outcome: Dict[str, Any], tria
     assert result["last_reported"] <= result["loaded"] <= result["target"], result
     assert result["same_rows"] and result["rows"] > 0, "the loaded rows differ from a model that never saved"
     assert result["incomplete_after"] == [], "the next save must clear the interrupted one"
+    assert result["resumed_kind"] == "incremental" and result["resumed_chain"][-2] == result["loaded"], result
+    assert result["resumed_same_rows"], "the increment written after resuming does not load back"
 
 
 def test_kills_landed_inside_saves(outcome: Dict[str, Any]) -> None:

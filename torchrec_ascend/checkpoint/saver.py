@@ -111,7 +111,6 @@ class Saver:
             error = err
         group.agree("writing the data files", error)
         files = group.all_gather(written)
-        assert latest is not None or not changed_only
         metadata = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
