@@ -66,7 +66,7 @@ def run_cli(args: List[str], tmp_path: Path, env: Dict[str, str]) -> Tuple[int, 
     return proc.returncode, output, junit_outcomes(junit)
 
 
-def test_passes_without_a_fault(fault_site: Path, tmp_path: Path) -> None:
+def test_passes_without_a_fault(tmp_path: Path) -> None:
     status, output, outcomes = run_cli(QUICK_SHARDING, tmp_path, {})
     assert status == 0, output
     assert outcomes == {ENTRY_POINT: "passed", ROW_WISE: "passed", COLUMN_WISE: "passed"}, output
