@@ -308,14 +308,14 @@ class SlotTable(torch.nn.Module):
     def mark_checkpoint(self, token: Optional[str]) -> None:
         """Start (or restart) tracking changes for the next incremental save, against checkpoint ``token``.
 
-        Rows of the pinned in-flight batches count as changed until they leave the window: their backward may still
-        be ahead.
+        Rows of the in-flight batches a pipeline pins (the window less the current batch) count as changed until
+        they leave the window: their backward may still be ahead.
 
         Example::
 
             table.mark_checkpoint("3f2a...")   # after a save or an exact load
         """
-        self._mark_step = self.step - self.window
+        self._mark_step = self.step - self.window + 1
         self._mark_token = token
         self._left, self._left_size = [], 0
 
