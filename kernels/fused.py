@@ -122,11 +122,16 @@ class HashRows:
         # TorchRec's prefetch hands the TBE raw IDs, which fbgemm's bounds check would clamp in place; rows are
         # chosen (and, for KEY_VALUE, swapped in) in the lookup of each batch instead.
         self._emb_module.prefetch = _no_prefetch  # type: ignore[attr-defined]
+        self._emb_module.prefetch_pipeline = True  # type: ignore[attr-defined]  # TorchRec checks it for key_value
 
     def set_pipeline_depth(self, depth: int) -> None:
-        """Pin the rows of ``depth`` in-flight batches besides the current one (called by pipelines)."""
-        for table in self._slot_tables:
-            table.set_window(depth + 1)
+        """Accept any pipeline depth: rows are chosen in each batch's own lookup (after the previous batch's
+        backward), so no batch in flight ever holds a row and the protection window stays one batch."""
+        self._pipeline_depth = depth
+
+    def _known(self, t: int) -> Any:
+        """For a cache: which IDs missing from the pool have a row in a lower tier (None: no lower tier)."""
+        return None
 
     def hash_stats(self) -> Dict[str, Dict[str, int]]:
         """Per-table counters of the slot tables (lookups, hits, inserted, evicted, rejected, size...)."""
@@ -154,7 +159,7 @@ class HashRows:
             ids = torch.cat([per_feature[i] for i in features_of_t]) if features_of_t else values[:0]
             assignment = table.assign(
                 ids.long(), training=self.training,  # type: ignore[attr-defined]
-                on_evict=lambda slots, ids, t=t: self._rows_left(t, slots, ids),
+                known=self._known(t), on_evict=lambda slots, ids, t=t: self._rows_left(t, slots, ids),
             )
             if assignment.new_slots.numel():
                 try:

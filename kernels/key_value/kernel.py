@@ -170,6 +170,10 @@ class KeyValueRows(HashRows):
                 state[slots] = rows[:, start:start + width].view((-1,) + tuple(state.shape[1:]))
                 start += width
 
+    def _known(self, t: int) -> Any:
+        # IDs with a row below the cache: admitted already, and looked up (swapped in) in eval mode too.
+        return self._stores[t].contains
+
     def _rows_left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
         # Every cached row was trained (eval lookups do not insert), so every evicted row is written back.
         self._stores[t].put(ids, self._pack(t, slots))

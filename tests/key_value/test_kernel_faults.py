@@ -132,3 +132,20 @@ def test_planner_plans_key_value_on_cpu_with_storage_estimates() -> None:
     option = next(o for o in planner._enumerator.enumerate(ebc, get_default_hybrid_sharders())
                   if o.compute_kernel == "key_value")
     assert option.shards[0].storage.ssd > 0 and option.shards[0].perf.total > 0
+
+
+def test_eval_reads_rows_from_every_tier_and_inserts_nothing(tmp_path) -> None:
+    dmp = model(str(tmp_path))
+    for start in range(0, 120, 10):
+        train(dmp, list(range(start, start + 10)))
+    expected = rows(dmp)
+    dmp.eval()
+    with torch.no_grad():
+        for start in range(0, 120, 10):  # one ID per bag: the pooled row is the row
+            ids = list(range(start, start + 10))
+            out = dmp(KeyedJaggedTensor.from_lengths_sync(
+                keys=["uid"], values=torch.tensor(ids), lengths=torch.ones(10, dtype=torch.int64))).values()
+            torch.testing.assert_close(out, torch.stack([expected[i] for i in ids]), rtol=0, atol=0)
+        unknown = dmp(batch([10_000])).values()
+    torch.testing.assert_close(unknown, torch.zeros(1, DIM))
+    assert set(rows(dmp)) == set(expected), "eval must not insert IDs"

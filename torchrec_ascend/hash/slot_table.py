@@ -80,7 +80,9 @@ class SlotTable(torch.nn.Module):
         self.capacity = rows - 1
         self.default_slot = rows - 1
         self.overflow = overflow
-        self.window = 1  # batches whose rows are pinned: the current one plus the in-flight ones
+        # Batches whose rows are pinned against eviction: rows are chosen in each batch's own lookup, after the
+        # previous batch's backward, so only the current batch holds rows.
+        self.window = 1
         self.step = 0
         self.id_map = IdMap(self.capacity)
         self.register_buffer("slot_ids", torch.full((self.capacity,), -1, dtype=torch.int64))
@@ -102,10 +104,6 @@ class SlotTable(torch.nn.Module):
     def __len__(self) -> int:
         return len(self.id_map)
 
-    def set_window(self, batches: int) -> None:
-        """Pin the rows of the last ``batches`` batches (the pipeline's in-flight ones) against eviction."""
-        self.window = max(1, int(batches))
-
     def assign(
         self,
         ids: torch.Tensor,
@@ -120,7 +118,8 @@ class SlotTable(torch.nn.Module):
             ids: int64 ``[n]`` raw IDs, non-negative (the caller has checked, naming the feature).
             training: insert new IDs (True) or only look up, mapping unknown IDs to the default row (False).
             known: for a cache, tells which IDs missing from the pool exist in a lower tier (those bypass
-                admission: they already have a row); None means none do.
+                admission: they already have a row; in eval mode they are still brought into the pool); None means
+                none do.
             signals: optional per-ID tensors aligned with ``ids`` (e.g. ``"clicks"``) for the policies.
             on_evict: called with ``(slots, ids)`` of the rows about to be freed, before the map changes (a cache
                 writes them back here; if it raises, the map is unchanged).
@@ -134,7 +133,7 @@ class SlotTable(torch.nn.Module):
         slots_u = self.id_map.lookup(unique)
         hit = slots_u >= 0
         self.counters["hits"] += int(counts[hit].sum())
-        if not training:
+        if not training and known is None:
             self.counters["unknown_in_eval"] += int((~hit).sum())
             return Assignment(slots=torch.where(hit, slots_u, self.default_slot)[inverse])
 
@@ -142,10 +141,15 @@ class SlotTable(torch.nn.Module):
         hit_slots = slots_u[hit]
         self.last_used[hit_slots] = self.step
         missing = (~hit).nonzero().squeeze(1)
-        admitted = self._admit(unique[missing], counts[missing], known, _select(signals, inverse, missing))
+        if training:
+            admitted = self._admit(unique[missing], counts[missing], known, _select(signals, inverse, missing))
+        else:  # eval with lower tiers: bring their rows in, insert nothing new
+            admitted = known(unique[missing])  # type: ignore[misc]
+            self.counters["unknown_in_eval"] += int(missing.numel() - admitted.sum())
         new_pos = missing[admitted]
         new_ids = unique[new_pos]
-        self.counters["rejected"] += int(missing.numel() - new_pos.numel())
+        if training:
+            self.counters["rejected"] += int(missing.numel() - new_pos.numel())
 
         evicted_slots, evicted_ids = self._make_room(new_ids.numel(), on_evict)
         new_slots, _ = self.id_map.insert_or_lookup(new_ids)

@@ -153,6 +153,14 @@ def _pre_load(original: Callable[..., None]) -> Callable[..., None]:
         # the checkpoint Saver's job.
         for key in [k for k in state_dict if k.startswith(prefix) and ".slots." in k]:
             del state_dict[key]
+        plan = getattr(self, "module_sharding_plan", {})
+        for table, sharding in plan.items():  # a partial (e.g. dense-only) state_dict may lack KEY_VALUE tables:
+            for attr in ("embeddings", "embedding_bags"):  # give the stock hook this module's own (a no-op load)
+                key = f"{prefix}{attr}.{table}.weight"
+                own = getattr(self, "_model_parallel_name_to_sharded_tensor", {}).get(table)
+                if sharding.compute_kernel == "key_value" and key not in state_dict and own is not None:
+                    if hasattr(self, attr):
+                        state_dict[key] = own
         original(self, state_dict, prefix, *args)
         # A KEY_VALUE table's rows live in its tiers, not in a tensor of the table's shape: stock loading skips them.
         for table, sharding in getattr(self, "module_sharding_plan", {}).items():
