@@ -138,8 +138,8 @@ def run_trial(path: str, store: str, rng: random.Random) -> Dict[str, Any]:
                 durations.append(float(rest[0]))
             elif word == "begin":
                 in_save = True
-                if int(version) == target:  # kill somewhere inside this save (or just after it)
-                    kill_at = time.monotonic() + rng.uniform(0.0, 1.2 * durations[-1])
+                if int(version) == target:  # kill somewhere inside this save (if it takes as long as the last)
+                    kill_at = time.monotonic() + rng.uniform(0.0, 0.8 * durations[-1])
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
     os.close(read_end)
