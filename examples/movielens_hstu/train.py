@@ -208,10 +208,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     train_s = time.perf_counter() - started - setup_s
 
     pipeline.detach()  # restore the original forwards that the pipeline rewrote, for evaluation
-    dmp.eval()
-    # In eval mode a KEY_VALUE table reads only its device cache (rows in host memory or on disk would read as the
-    # not-admitted vector), so the item table evaluates in train mode: under no_grad nothing is updated.
-    dmp.module.item_embeddings.train()
+    dmp.eval()  # a KEY_VALUE table still swaps rows in from host memory and disk in eval mode; it inserts no IDs
     # No evaluation call looks up more items than a training step (a history is no longer than a window, a catalogue
     # chunk no larger than the negatives), so the cache that fits training fits evaluation.
     metrics = evaluate(dmp.module, split, catalogue, args.max_seq_len, users_per_call=args.batch_size,
