@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 from typing import List, Optional
 
@@ -21,8 +20,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="torchrec-ascend", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
-        if importlib.util.find_spec(f"torchrec_ascend.cli.{name}") is None:  # TODO: all land with their issues
-            continue
         module = importlib.import_module(f"torchrec_ascend.cli.{name}")
         module.add_parser(subparsers)
     args = parser.parse_args(argv)
