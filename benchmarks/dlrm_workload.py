@@ -12,7 +12,8 @@ both build it here:
   ``mix64`` (what hash tables are for). Both views of one batch have the same reuse pattern.
 * timing: all variants live at once and are timed in turns (one run of ``steps`` steps each, ``runs`` times), so
   the noise of this shared 2-core machine hits them alike; a run is barrier to barrier, so it is the time of the
-  slowest rank; reported are medians over runs.
+  slowest rank; reported are medians over runs, and ratios are medians of the ratios within a round
+  (:func:`paired_ratio`).
 
 Example::
 
@@ -29,6 +30,7 @@ import dataclasses
 import datetime
 import functools
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence
@@ -238,6 +240,15 @@ def time_interleaved(variants: List[Variant], runs: int, steps: int, warmup: int
 def samples_per_s(v: Variant, w: Workload, steps: int, world: int) -> List[float]:
     """Global samples per second of each timed run."""
     return [steps * w.batch * world / s for s in v.seconds]
+
+
+def paired_ratio(runs: Sequence[float], baseline_runs: Sequence[float]) -> float:
+    """Median over rounds of ``runs[r] / baseline_runs[r]``.
+
+    The variants of a round run back to back, so a round's ratio cancels most of the load other jobs put on the
+    machine at that time; the ratio of two medians would mix rounds run under different loads.
+    """
+    return statistics.median(run / base for run, base in zip(runs, baseline_runs))
 
 
 def init_rank() -> dist.ProcessGroup:
