@@ -41,6 +41,7 @@ class _HashRowsModule(torch.nn.Module):
     def __init__(self, config: HashConfig, device: Optional[torch.device]) -> None:
         super().__init__()
         self.table = config.name
+        self.features = list(config.feature_names or [config.name])  # the stock lookup does not say which one
         self.spec = config.hash_spec()
         self.init_range = (config.get_weight_init_min(), config.get_weight_init_max())
         self.weight = torch.nn.Parameter(torch.empty(config.num_embeddings, config.embedding_dim, device=device))
@@ -50,8 +51,9 @@ class _HashRowsModule(torch.nn.Module):
         """Rows of ``ids``, inserting new IDs in training (their rows initialised from (seed, ID, column))."""
         if ids.numel() and int(ids.min()) < 0:
             raise ValueError(
-                f"hash table {self.table!r}: IDs must be non-negative int64, got {int(ids.min())}. Map negative IDs "
-                "to non-negative ones (e.g. x & (2**63 - 1)) before the lookup."
+                f"hash table {self.table!r}, feature {' or '.join(map(repr, self.features))}: IDs must be "
+                f"non-negative int64, got {int(ids.min())}. Map negative IDs to non-negative ones "
+                "(e.g. x & (2**63 - 1)) before the lookup."
             )
         assignment = self.slots.assign(ids.long(), training=self.training)
         with torch.no_grad():

@@ -87,16 +87,19 @@ class SlotTable(torch.nn.Module):
         self.id_map = IdMap(self.capacity)
         self.register_buffer("slot_ids", torch.full((self.capacity,), -1, dtype=torch.int64))
         self.register_buffer("last_used", torch.full((self.capacity,), -(2**62), dtype=torch.int64))
-        self.eviction = (
-            create_eviction_policy(spec.eviction_policy, self.capacity, **dict(spec.eviction_options))
-            if overflow == "evict"
-            else None
-        )
-        self.admission = (
-            create_admission_policy(spec.admission_policy, **dict(spec.admission_options))
-            if spec.admission_policy
-            else None
-        )
+        try:
+            self.eviction = (
+                create_eviction_policy(spec.eviction_policy, self.capacity, **dict(spec.eviction_options))
+                if overflow == "evict"
+                else None
+            )
+            self.admission = (
+                create_admission_policy(spec.admission_policy, **dict(spec.admission_options))
+                if spec.admission_policy
+                else None
+            )
+        except ConfigError as err:
+            raise ConfigError(f"table {table!r}: {err}") from err
         self.counters: Dict[str, int] = dict.fromkeys(
             ("lookups", "hits", "inserted", "evicted", "rejected", "unknown_in_eval"), 0
         )

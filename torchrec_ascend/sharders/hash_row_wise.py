@@ -8,7 +8,7 @@ lookup and the output dist (reduce-scatter for pooled tables, all-to-all plus un
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import torch
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
@@ -24,16 +24,18 @@ class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
 
     Args:
         pg: the process group of the all-to-all.
-        num_features: number of features of the hash tables in this sharding.
+        table_of: feature name -> table name, for every feature of the hash tables in this sharding.
         is_sequence: sequence (EmbeddingCollection) features keep the un-bucketize permutation.
         device: device of the internal buffers.
     """
 
-    def __init__(self, pg: Any, num_features: int, is_sequence: bool, device: Optional[torch.device] = None) -> None:
+    def __init__(self, pg: Any, table_of: Dict[str, str], is_sequence: bool,
+                 device: Optional[torch.device] = None) -> None:
         super().__init__(
-            pg=pg, num_features=num_features, feature_hash_sizes=[pg.size()] * num_features, device=device,
+            pg=pg, num_features=len(table_of), feature_hash_sizes=[pg.size()] * len(table_of), device=device,
             is_sequence=is_sequence,
         )
+        self._table_of = table_of
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Any:
         values = sparse_features.values()
@@ -42,8 +44,9 @@ class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
             ends = torch.tensor(sparse_features.offset_per_key()[1:])
             feature = sparse_features.keys()[int((ends <= first).sum())]
             raise ValueError(
-                f"hash feature {feature!r}: IDs must be non-negative int64, got {int(values[first])}. Map negative IDs "
-                "to non-negative ones (e.g. x & (2**63 - 1)) before the lookup."
+                f"hash table {self._table_of.get(feature, '?')!r}, feature {feature!r}: IDs must be non-negative "
+                f"int64, got {int(values[first])}. Map negative IDs to non-negative ones (e.g. x & (2**63 - 1)) "
+                "before the lookup."
             )
         world = self._world_size
         lengths, bucketed, weights, permute = ops.hash_bucketize(
@@ -62,6 +65,11 @@ class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
         return self._dist(bucketized)
 
 
+def _table_of(sharding: Any) -> Dict[str, str]:
+    """Feature -> table of a sharding's tables, in the order its input dist sees the features."""
+    return {f: t.name for t in sharding.embedding_tables() for f in t.feature_names}
+
+
 def _check_supported(sharding: Any, kind: str) -> None:
     if getattr(sharding, "_has_feature_processor", False):
         raise ConfigError(
@@ -76,8 +84,7 @@ class HashRwPooledEmbeddingSharding(RwPooledEmbeddingSharding):
     def create_input_dist(self, device: Optional[torch.device] = None) -> HashRwSparseFeaturesDist:
         _check_supported(self, "EmbeddingBagCollection")
         return HashRwSparseFeaturesDist(
-            pg=self._pg, num_features=self._get_num_features(),
-            is_sequence=False, device=device if device is not None else self._device,
+            pg=self._pg, table_of=_table_of(self), is_sequence=False, device=device if device is not None else self._device,
         )
 
 
@@ -87,6 +94,5 @@ class HashRwSequenceEmbeddingSharding(RwSequenceEmbeddingSharding):
     def create_input_dist(self, device: Optional[torch.device] = None) -> HashRwSparseFeaturesDist:
         _check_supported(self, "EmbeddingCollection")
         return HashRwSparseFeaturesDist(
-            pg=self._pg, num_features=self._get_num_features(),
-            is_sequence=True, device=device if device is not None else self._device,
+            pg=self._pg, table_of=_table_of(self), is_sequence=True, device=device if device is not None else self._device,
         )
