@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import gc
 import json
 import sys
@@ -51,6 +52,8 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
+from torchrec_ascend.conformance_tests.launch import process_group_backend, script_device
+from torchrec_ascend.conformance_tests.plugin.runner import COLLECTIVE_TIMEOUT_S, exit_without_finalizers
 from torchrec_ascend.pipeline import HybridTrainPipelineSparseDist, PipelineStageError
 
 POOLED_TABLES = [("t0", 64, 8), ("t1", 96, 8)]  # name, rows, dim
@@ -391,7 +394,7 @@ def main() -> int:
     parser.add_argument("--out", required=True, help="where rank 0 writes the JSON results")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    dist.init_process_group(process_group_backend(), timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     pg = dist.group.WORLD
     ref = _Reference(pg)
     results = []
@@ -400,10 +403,10 @@ def main() -> int:
         gc.collect()  # free each case's modules and pipelines (their threads, mirror groups) while the group lives
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
-            json.dump({"info": {"argv": sys.argv}, "results": results}, f, indent=1)
+            json.dump({"info": {"argv": sys.argv, "device": script_device().type}, "results": results}, f, indent=1)
     dist.barrier()  # no rank tears down its connections while another still talks to it
     dist.destroy_process_group()
-    return 0
+    exit_without_finalizers()
 
 
 if __name__ == "__main__":

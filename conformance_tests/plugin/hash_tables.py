@@ -15,7 +15,6 @@ every ID's final row (gathered from all shards) to each oracle.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Dict, List, Tuple
 
 import torch
@@ -303,4 +302,4 @@ def _column_block(dmp: Any) -> Any:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, run_case, worst=("fwd_err_unsharded", "fwd_err_python", "row_err_unsharded", "row_err_python"), totals=()))
+    main(__doc__, run_case, worst=("fwd_err_unsharded", "fwd_err_python", "row_err_unsharded", "row_err_python"))

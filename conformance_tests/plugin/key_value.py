@@ -11,7 +11,6 @@ difference over all steps and the largest final row difference (both must be exa
 from __future__ import annotations
 
 import gc
-import sys
 import tempfile
 from typing import Any, Dict
 
@@ -113,4 +112,4 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, run_case, worst=("fwd_err", "row_err"), totals=("evicted", "swapped_out", "swapped_in", "disk_rows")))
+    main(__doc__, run_case, worst=("fwd_err", "row_err"), totals=("evicted", "swapped_out", "swapped_in", "disk_rows"))

@@ -7,7 +7,7 @@ case. Rank 0 writes ``{"info": {...}, "results": [...]}`` to ``--out``, as :func
 Example::
 
     if __name__ == "__main__":
-        sys.exit(main(__doc__, run_case, worst=("fwd_err",), totals=("evicted",)))
+        main(__doc__, run_case, worst=("fwd_err",), totals=("evicted",))
 """
 
 from __future__ import annotations
@@ -16,11 +16,15 @@ import argparse
 import datetime
 import gc
 import json
+import os
+import sys
 import traceback
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, NoReturn, Sequence
 
 import torch
 import torch.distributed as dist
+
+from torchrec_ascend.conformance_tests.launch import process_group_backend, script_device
 
 COLLECTIVE_TIMEOUT_S = 120
 
@@ -43,14 +47,15 @@ def main(
     run_case: Callable[[Dict[str, Any], Any], Dict[str, Any]],
     worst: Sequence[str] = (),
     totals: Sequence[str] = (),
-) -> int:
-    """Run every ``--cases`` case with ``run_case`` on this rank and let rank 0 write the merged results."""
+) -> NoReturn:
+    """Run every ``--cases`` case with ``run_case`` on this rank, let rank 0 write the merged results, exit."""
     parser = argparse.ArgumentParser(description=description.splitlines()[0])
     parser.add_argument("--cases", required=True, help="JSON list of case objects")
     parser.add_argument("--out", required=True, help="where rank 0 writes the JSON results")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    backend = process_group_backend()
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     pg = dist.group.WORLD
     results = []
     for case in json.loads(args.cases):
@@ -64,8 +69,17 @@ def main(
         results.append(merge(gathered, worst, totals))
         gc.collect()  # free the case's sharded modules (and their threads) while the group is alive
     if dist.get_rank() == 0:
+        info = {"world_size": pg.size(), "device": script_device().type, "backend": backend}
         with open(args.out, "w") as f:
-            json.dump({"info": {"world_size": pg.size()}, "results": results}, f, indent=1)
+            json.dump({"info": info, "results": results}, f, indent=1)
     dist.barrier()  # no rank tears down its connections while another still talks to it
     dist.destroy_process_group()
-    return 0
+    exit_without_finalizers()
+
+
+def exit_without_finalizers(code: int = 0) -> NoReturn:
+    """End the rank now: the results are written, and interpreter finalization with torch's communication threads
+    still alive can abort the process ("terminate called without an active exception") after the work is done."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

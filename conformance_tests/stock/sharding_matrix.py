@@ -373,7 +373,9 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     # A rank that fails mid-case leaves the others in a collective: time out instead of hanging.
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    # The conformance suite names the collective backend of the device under test (it never imports us here).
+    backend = os.environ.get("TORCHREC_ASCEND_CONFORMANCE_BACKEND", "gloo")
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     pg = dist.group.WORLD
     results = []
     for case in json.loads(args.cases):
@@ -383,12 +385,16 @@ def main() -> int:
         # Read what torch's entry point left in sys.modules, without importing anything of the plugin.
         autoload = sys.modules.get("torchrec_ascend.injection.autoload")
         state = autoload.STATUS.state if autoload is not None else "not loaded"
-        info = {"plugin_state": state, "argv": sys.argv, "pid": os.getpid()}
+        info = {"plugin_state": state, "argv": sys.argv, "pid": os.getpid(), "backend": backend}
         with open(args.out, "w") as f:
             json.dump({"info": info, "results": results}, f, indent=1)
     dist.barrier()  # no rank tears down its connections while another still talks to it
     dist.destroy_process_group()
-    return 0
+    # Results are written; finalization with torch's communication threads alive can abort ("terminate called
+    # without an active exception") after the work is done, so end here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
