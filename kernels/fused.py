@@ -173,11 +173,16 @@ class HashRows:
         return with_values(features, torch.cat(slots) if slots else values)
 
     def _pool_weights(self, t: int) -> torch.Tensor:
-        return self._emb_module.split_embedding_weights()[t]  # type: ignore[attr-defined]
+        # The TBE never reallocates its weights, so its per-table views are taken once (cheap per batch).
+        if not hasattr(self, "_weight_views"):
+            self._weight_views = self._emb_module.split_embedding_weights()  # type: ignore[attr-defined]
+        return self._weight_views[t]
 
     def _pool_states(self, t: int) -> List[torch.Tensor]:
-        states = self._emb_module.split_optimizer_states()  # type: ignore[attr-defined]
-        return list(states[t]) if states else []  # stateless optimizers (SGD) have none
+        if not hasattr(self, "_state_views"):
+            states = self._emb_module.split_optimizer_states()  # type: ignore[attr-defined]
+            self._state_views = [list(s) for s in states] if states else []
+        return self._state_views[t] if self._state_views else []  # stateless optimizers (SGD) have none
 
     def initial_rows(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         """The deterministic initial values of ``ids`` for this shard's columns of table ``t``."""

@@ -140,7 +140,7 @@ class KeyValueRows(HashRows):
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self._stores: List[HostStore] = []
         for t, table in enumerate(config.embedding_tables):
-            width = self._local_cols[t] + self._state_width(t)  # type: ignore[attr-defined]
+            width = self.row_width(t)
             disk = (
                 DiskStore(os.path.join(directory, f"rank{rank}"), width, name=table.name)
                 if directory
@@ -152,31 +152,13 @@ class KeyValueRows(HashRows):
         self._log_every = int(os.environ.get("TORCHREC_ASCEND_METRICS_EVERY", "1000"))
         self._batches = 0
 
-    def _state_width(self, t: int) -> int:
-        return sum(s.shape[1] if s.dim() == 2 else 1 for s in self._pool_states(t))
-
-    def _pack(self, t: int, slots: torch.Tensor) -> torch.Tensor:
-        parts = [self._pool_weights(t)[slots]]
-        parts += [s[slots].view(slots.numel(), -1) for s in self._pool_states(t)]
-        return torch.cat(parts, dim=1)
-
-    def _unpack(self, t: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        cols = self._local_cols[t]  # type: ignore[attr-defined]
-        with torch.no_grad():
-            self._pool_weights(t)[slots] = rows[:, :cols]
-            start = cols
-            for state in self._pool_states(t):
-                width = state.shape[1] if state.dim() == 2 else 1
-                state[slots] = rows[:, start:start + width].view((-1,) + tuple(state.shape[1:]))
-                start += width
-
     def _known(self, t: int) -> Any:
         # IDs with a row below the cache: admitted already, and looked up (swapped in) in eval mode too.
         return self._stores[t].contains
 
     def _rows_left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
         # Every cached row was trained (eval lookups do not insert), so every evicted row is written back.
-        self._stores[t].put(ids, self._pack(t, slots))
+        self._stores[t].put(ids, self.pack_rows(t, slots))
         self._swaps[t]["swapped_out"] += ids.numel()
 
     def _rows_arrived(self, t: int, assignment: Assignment) -> None:
@@ -188,7 +170,7 @@ class KeyValueRows(HashRows):
                 keys = keys + self._key_offsets[t]  # plain tables: initialised from the global row
             rows[fresh] = 0.0
             rows[fresh, : self._local_cols[t]] = self.initial_rows(t, keys)  # type: ignore[attr-defined]
-        self._unpack(t, assignment.new_slots, rows)
+        self.unpack_rows(t, assignment.new_slots, rows)
         self._swaps[t]["swapped_in"] += int(found.sum())
         self._swaps[t]["initialised"] += int(fresh.sum())
 
