@@ -43,8 +43,7 @@ def slots_problem(slots: Any, capacity: int, resident: torch.Tensor) -> Optional
     outside = slots[(slots < 0) | (slots >= capacity)]
     if outside.numel():
         return f"returned slots {_quote(outside)} outside [0, {capacity})"
-    ordered = torch.sort(slots).values
-    repeated = torch.unique(ordered[1:][ordered[1:] == ordered[:-1]])
+    repeated = (torch.bincount(slots, minlength=capacity) > 1).nonzero().squeeze(1)  # O(n + capacity), no sort
     if repeated.numel():
         return f"returned slots {_quote(repeated)} more than once"
     absent = slots[~resident[slots]]
