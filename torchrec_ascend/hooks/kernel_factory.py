@@ -75,10 +75,32 @@ def kernel_class(kind: str, config: Any, device: Any) -> Optional[Type[Any]]:
     return _load(override) if override else None
 
 
+def check_fused_optimizer(config: Any, device: Any) -> None:
+    """Refuse a fused optimizer the device cannot run, naming the tables and the supported optimizers.
+
+    fbgemm would otherwise fail deep inside the TBE constructor ("Optimizer adam is not supported in CPU mode").
+    """
+    optimizer = (config.fused_params or {}).get("optimizer")
+    profile = backends.profile_for(device.type if device is not None else "cpu")
+    if optimizer is None or profile is None or config.compute_kernel.value not in ("fused", "key_value"):
+        return
+    name = getattr(optimizer, "name", str(optimizer)).upper()
+    if name not in profile.fused_optimizers:
+        from torchrec_ascend.errors import ConfigError
+
+        tables = ", ".join(t.name for t in config.embedding_tables)
+        raise ConfigError(
+            f"tables [{tables}]: the {profile.name} backend cannot fuse {name} into backward (fbgemm supports "
+            f"{', '.join(profile.fused_optimizers)} there). Choose one of those, e.g. "
+            "apply_optimizer_in_backward(torch.optim.Adagrad, ...) or RowWiseAdagrad."
+        )
+
+
 def _pooled_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     def _create_embedding_kernel(
         self: Any, config: Any, device: Any, pg: Any, sharding_type: Any, env: Any
     ) -> Any:
+        check_fused_optimizer(config, device)
         cls = kernel_class("pooled", config, device)
         if cls is None:
             return original(self, config, device, pg, sharding_type, env)
@@ -89,6 +111,7 @@ def _pooled_factory(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _sequence_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     def _create_embedding_kernel(self: Any, config: Any, pg: Any, device: Any, env: Any = None) -> Any:
+        check_fused_optimizer(config, device)
         cls = kernel_class("sequence", config, device)
         if cls is None:
             return original(self, config, pg, device, env)

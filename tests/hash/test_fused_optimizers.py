@@ -1,0 +1,48 @@
+"""A fused optimizer the device cannot run is refused at sharding time, naming the tables and the alternatives."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+import torchrec
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.types import ShardingEnv
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
+from torchrec_ascend.errors import ConfigError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_rank_group() -> Iterator[None]:
+    store = os.path.join(tempfile.mkdtemp(), "store")
+    dist.init_process_group("gloo", store=dist.FileStore(store, 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def shard(optimizer: type, hashed: bool) -> DistributedModelParallel:
+    config = HashEmbeddingBagConfig if hashed else torchrec.EmbeddingBagConfig
+    ebc = torchrec.EmbeddingBagCollection(tables=[config(name="user", embedding_dim=8, num_embeddings=64,
+                                                         feature_names=["uid"])])
+    apply_optimizer_in_backward(optimizer, [ebc.embedding_bags["user"].weight], {"lr": 0.1})
+    sharders = get_default_hybrid_sharders()
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu")).plan(ebc, sharders)
+    return DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                    device=torch.device("cpu"), plan=plan, sharders=sharders)
+
+
+@pytest.mark.parametrize("hashed", [True, False], ids=["hash", "plain"])
+def test_adam_on_cpu_is_a_clear_error(hashed: bool) -> None:
+    with pytest.raises(ConfigError, match=r"\[user\].*cpu backend cannot fuse ADAM.*EXACT_ADAGRAD"):
+        shard(torch.optim.Adam, hashed)
+
+
+def test_supported_optimizer_shards() -> None:
+    assert shard(torch.optim.Adagrad, hashed=True) is not None
