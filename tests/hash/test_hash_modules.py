@@ -116,3 +116,29 @@ def test_bad_options_are_config_errors() -> None:
         HashEmbeddingBagConfig(name="t", embedding_dim=DIM, num_embeddings=8, overflow="drop")
     with pytest.raises(ConfigError, match="lruu"):
         ebc(overflow="evict", eviction_policy="lruu")
+
+
+def test_cadence_drops_expired_rows_on_its_steps() -> None:
+    module = ebc(capacity=16, overflow="evict", eviction_policy="ttl", eviction_options={"ttl_steps": 2},
+                 eviction_cadence={"interval": 3})
+    slots = module.embedding_bags["user"].slots
+    module(kjt([[1, 2]]))  # step 1
+    for _ in range(4):  # steps 2-5: only ID 3 is used; at step 3 nothing is stale yet, at step 6 IDs 1, 2 are
+        module(kjt([[3]]))
+    assert sorted(slots.id_map.export()[0].tolist()) == [1, 2, 3]
+    module(kjt([[3]]))  # step 6: a cadence step, IDs 1 and 2 idle for more than 2 steps
+    assert sorted(slots.id_map.export()[0].tolist()) == [3]
+    assert slots.stats()["evicted"] == 2
+
+
+@pytest.mark.parametrize("min_residency", [0, 3])
+def test_min_residency_protects_new_rows(min_residency: int) -> None:
+    module = ebc(capacity=4, overflow="evict", eviction_policy="lru", eviction_cadence={"min_residency": min_residency})
+    for bag in ([1], [2], [3], [1, 2]):  # steps 1-4: 3 IDs fill the shard; 3 is now least recently used, and young
+        module(kjt([bag]))
+    module(kjt([[4]]))  # step 5: one row must go
+    held = sorted(module.embedding_bags["user"].slots.id_map.export()[0].tolist())
+    if min_residency:
+        assert 3 in held and 4 in held, "the young row 3 is protected; a mature one (1 or 2) goes instead"
+    else:
+        assert held == [1, 2, 4], "plain LRU evicts 3"

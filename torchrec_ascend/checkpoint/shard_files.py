@@ -78,15 +78,13 @@ def read_shard_state(directory: str, entry: Dict[str, Any]) -> Dict[str, Any]:
         kernel.restore_shard(t, records, state)
     """
     state: Dict[str, Any] = dict(entry["state"])
-    state.setdefault("eviction", {})
-    state.setdefault("admission", {})
     for key, array_entry in entry["arrays"].items():
         if key == "removed":
             continue
         value = torch.from_numpy(_read(directory, entry, array_entry, key))
-        if "/" in key:
+        if "/" in key:  # a state dict of tensors (eviction, cadence, admission)
             group, name = key.split("/", 1)
-            state[group][name] = value
+            state.setdefault(group, {})[name] = value
         else:
             state[key] = value
     return state

@@ -48,6 +48,7 @@ class HashTableSpec:
         admission_options: policy options as sorted pairs.
         not_admitted_value: every element of the vector a rejected (or, in eval mode, unknown) ID is looked up as.
         init_seed: seed of the deterministic per-ID initialisation.
+        eviction_cadence: options of :class:`~torchrec_ascend.policies.cadence.EvictionCadence` as sorted pairs.
     """
 
     overflow: str = "error"
@@ -57,6 +58,7 @@ class HashTableSpec:
     admission_options: Tuple[Tuple[str, Any], ...] = ()
     not_admitted_value: float = 0.0
     init_seed: int = 0
+    eviction_cadence: Tuple[Tuple[str, Any], ...] = ()
 
 
 @dataclasses.dataclass
@@ -74,6 +76,10 @@ class HashTableOptions:
         admission_options: options of the admission policy.
         not_admitted_value: value of the vector a rejected ID is looked up as.
         init_seed: seed of the deterministic per-ID initialisation.
+        eviction_cadence: when the pool evicts (RecSDK fixes every 10 steps): ``interval`` (steps between bulk
+            evictions, which also drop the rows the policy calls expired, e.g. TTL), ``min_residency`` (steps a new
+            row is protected, against thrashing), ``headroom`` (fraction left free by a bulk eviction). Default:
+            evict only what a batch needs, every step.
     """
 
     overflow: str = "error"
@@ -83,6 +89,7 @@ class HashTableOptions:
     admission_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
     not_admitted_value: float = 0.0
     init_seed: int = 0
+    eviction_cadence: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]  # TorchRec's config (next in the MRO)
@@ -108,6 +115,7 @@ class HashTableOptions:
             admission_options=tuple(sorted(self.admission_options.items())),
             not_admitted_value=float(self.not_admitted_value),
             init_seed=int(self.init_seed),
+            eviction_cadence=tuple(sorted(self.eviction_cadence.items())),
         )
 
 

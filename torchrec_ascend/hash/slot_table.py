@@ -73,6 +73,7 @@ class SlotTable(torch.nn.Module):
             )
         if overflow not in ("error", "evict"):
             raise ConfigError(f"table {table!r}: overflow must be 'error' or 'evict', got {overflow!r}")
+        from torchrec_ascend.policies.cadence import EvictionCadence
         from torchrec_ascend.policies.registry import create_admission_policy, create_eviction_policy
 
         self.table = table
@@ -97,6 +98,9 @@ class SlotTable(torch.nn.Module):
                 create_admission_policy(spec.admission_policy, **dict(spec.admission_options))
                 if spec.admission_policy
                 else None
+            )
+            self.cadence = (
+                EvictionCadence(self.capacity, **dict(spec.eviction_cadence)) if self.eviction is not None else None
             )
         except ConfigError as err:
             raise ConfigError(f"table {table!r}: {err}") from err
@@ -163,6 +167,7 @@ class SlotTable(torch.nn.Module):
         self.counters["inserted"] += new_ids.numel()
         if self.eviction is not None:
             self.eviction.on_insert(new_slots, new_ids, self.step, counts=counts[new_pos])
+            self.cadence.on_insert(new_slots, self.step)  # type: ignore[union-attr]
             self.eviction.on_access(hit_slots, unique[hit], counts[hit], self.step)
         return Assignment(
             slots=slots_u[inverse],
@@ -180,6 +185,7 @@ class SlotTable(torch.nn.Module):
         self.slot_ids[gone] = -1
         if self.eviction is not None and gone.numel():
             self.eviction.on_remove(gone)
+            self.cadence.on_remove(gone)  # type: ignore[union-attr]
         return freed
 
     def stats(self) -> Dict[str, int]:
@@ -190,6 +196,7 @@ class SlotTable(torch.nn.Module):
         state: Dict[str, Any] = {"step": self.step, "counters": dict(self.counters)}
         if self.eviction is not None:
             state["eviction"] = self.eviction.state_dict()
+            state["cadence"] = self.cadence.state_dict()  # type: ignore[union-attr]
         if self.admission is not None:
             state["admission"] = self.admission.state_dict()
         return state
@@ -199,6 +206,8 @@ class SlotTable(torch.nn.Module):
         self.counters.update(state["counters"])
         if self.eviction is not None and "eviction" in state:
             self.eviction.load_state_dict(state["eviction"])
+            if "cadence" in state:
+                self.cadence.load_state_dict(state["cadence"])  # type: ignore[union-attr]
         if self.admission is not None and "admission" in state:
             self.admission.load_state_dict(state["admission"])
 
@@ -247,6 +256,7 @@ class SlotTable(torch.nn.Module):
             "next_fresh": next_fresh,
             "free_slots": self.id_map.free_slots[:num_free].clone(),
             "eviction": self.eviction.state_dict() if self.eviction is not None else {},
+            "cadence": self.cadence.state_dict() if self.cadence is not None else {},
             "admission": self.admission.state_dict() if self.admission is not None else {},
         }
 
@@ -301,12 +311,16 @@ class SlotTable(torch.nn.Module):
         self.last_used[slots] = last_used
         self.step = int(state.get("step", 0))
         self.counters = {**fresh.counters, **state.get("counters", {})}
-        self.eviction, self.admission = fresh.eviction, fresh.admission
-        if self.eviction is not None:
+        self.eviction, self.admission, self.cadence = fresh.eviction, fresh.admission, fresh.cadence
+        if self.eviction is not None and self.cadence is not None:
             if state.get("eviction"):
                 self.eviction.load_state_dict(state["eviction"])
             elif ids.numel():
                 self.eviction.on_insert(slots, ids, self.step)
+            if state.get("cadence"):
+                self.cadence.load_state_dict(state["cadence"])
+            elif ids.numel():
+                self.cadence.on_insert(slots, self.step)
         if self.admission is not None and state.get("admission"):
             self.admission.load_state_dict(state["admission"])
         self._mark_step = self._mark_token = self._left = None
@@ -378,7 +392,10 @@ class SlotTable(torch.nn.Module):
 
     def _make_room(self, needed: int, on_evict: Optional[Callable[[torch.Tensor, torch.Tensor], None]]) -> tuple:
         free = self.capacity - len(self.id_map)
-        if needed <= free:
+        due = self.cadence is not None and self.cadence.due(self.step)
+        expired = self.eviction.expired(self.step) if due else _EMPTY  # type: ignore[union-attr]
+        bulk = due and (expired.numel() > 0 or self.cadence.headroom > 0)  # type: ignore[union-attr]
+        if needed <= free and not bulk:
             return _EMPTY, _EMPTY
         if self.overflow == "error":
             raise CapacityError(
@@ -386,28 +403,33 @@ class SlotTable(torch.nn.Module):
                 f"{needed} new ones ({free} rows free). Raise num_embeddings, or set overflow='evict' to let the "
                 f"eviction policy ({self.spec.eviction_policy!r}) free rows."
             )
-        assert self.eviction is not None
-        evictable = self.last_used <= self.step - self.window
-        evictable &= self.slot_ids >= 0
-        shortfall = needed - free
-        if int(evictable.sum()) < shortfall:
+        assert self.eviction is not None and self.cadence is not None
+        evictable = (self.last_used <= self.step - self.window) & (self.slot_ids >= 0)
+        expired = expired[evictable[expired]]  # rows of the current batch stay, expired or not
+        evictable[expired] = False
+        available = int(evictable.sum())
+        if needed > free + expired.numel() + available:
             raise CapacityError(
                 f"table {self.table!r}: this batch needs {needed} more rows but only {free} are free and "
-                f"{int(evictable.sum())} can be evicted ({self.capacity} rows per shard, rows of the last "
+                f"{expired.numel() + available} can be evicted ({self.capacity} rows per shard, rows of the last "
                 f"{self.window} batch(es) pinned). Raise num_embeddings or the cache load_factor, or lower the batch "
-                "size or pipeline depth."
+                "size."
             )
-        victims = self.eviction.select_victims(shortfall, evictable, self.step)
+        num = self.cadence.num_to_evict(free + expired.numel(), needed, available, self.step)
+        victims = torch.cat([expired, self.cadence.select(self.eviction, num, evictable, self.step)])
+        if not victims.numel():
+            return _EMPTY, _EMPTY
         victim_ids = self.slot_ids[victims]
         if on_evict is not None:
             on_evict(victims, victim_ids)
         self.id_map.remove(victim_ids)
         self._note_left(victim_ids)
         self.eviction.on_remove(victims)
+        self.cadence.on_remove(victims)
         if self.admission is not None:
             self.admission.forget(victim_ids)
         self.slot_ids[victims] = -1
-        self.counters["evicted"] += shortfall
+        self.counters["evicted"] += victims.numel()
         return victims, victim_ids
 
 
