@@ -84,14 +84,18 @@ def _local_ranks() -> int:
 def apply_pipeline_depth(model: torch.nn.Module, depth: int) -> List[str]:
     """Call ``set_pipeline_depth(depth)`` on every object of ``model`` that has it; returns their paths.
 
-    Looks at every submodule (which covers sharded modules' ``_lookups`` and their ``_emb_modules``) and at each
-    one's ``emb_module`` attribute, for kernels that keep their table object outside the module tree.
+    Looks at every submodule, at the kernels sharded modules hide from ``named_modules()``
+    (:func:`~torchrec_ascend.kernels.walk.sharded_kernels`), and at each one's ``emb_module`` attribute, for kernels
+    that keep their table object outside the module tree.
 
     Raises:
         ConfigError: a kernel refused ``depth``; the message names the kernel and carries its reason.
     """
+    from torchrec_ascend.kernels.walk import sharded_kernels
+
+    hidden = [(f"<kernel {i}: {type(k).__name__}>", k) for i, k in enumerate(sharded_kernels(model))]
     seen, configured = set(), []
-    for name, module in model.named_modules():
+    for name, module in list(model.named_modules()) + hidden:
         table_path = f"{name}.emb_module" if name else "emb_module"
         for path, obj in ((name, module), (table_path, getattr(module, "emb_module", None))):
             setter = getattr(obj, "set_pipeline_depth", None)
