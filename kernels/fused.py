@@ -12,9 +12,11 @@ that arrive (loaded from host memory instead of initialised) and leave (written 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
+import threading
 from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
@@ -103,7 +105,7 @@ class ShardInfo:
 class HashRows:
     """Mixin for TorchRec TBE kernels: raw IDs -> rows through one :class:`SlotTable` per table.
 
-    The kernel class calls :meth:`_init_hash_rows` at the end of ``__init__`` and :meth:`map_ids` at the start of
+    The kernel class calls :meth:`_init_hash_rows` at the end of ``__init__`` and :meth:`lookup_rows` at the start of
     ``forward``. Subclasses change :meth:`_rows_arrived` and :meth:`_rows_left`.
     """
 
@@ -119,15 +121,87 @@ class HashRows:
         self._table_names = [t.name for t in config.embedding_tables]
         self._feature_names = [f for t in config.embedding_tables for f in t.feature_names]
         self._init_ranges = [(t.get_weight_init_min(), t.get_weight_init_max()) for t in config.embedding_tables]
-        # TorchRec's prefetch hands the TBE raw IDs, which fbgemm's bounds check would clamp in place; rows are
-        # chosen (and, for KEY_VALUE, swapped in) in the lookup of each batch instead.
-        self._emb_module.prefetch = _no_prefetch  # type: ignore[attr-defined]
+        # TorchRec's prefetch (called for KEY_VALUE tables by prefetching pipelines) hands the TBE raw IDs, which
+        # fbgemm's bounds check would clamp in place: it comes to us instead (see prefetch_ids).
+        self._emb_module.prefetch = self.prefetch_ids  # type: ignore[attr-defined]
         self._emb_module.prefetch_pipeline = True  # type: ignore[attr-defined]  # TorchRec checks it for key_value
+        self._pipeline_depth = 1
+        # Prefetched batches by their IDs tensor (kept alive, so its address stays unique): (ids, rows, pinned slots).
+        self._prefetched: "collections.OrderedDict[Tuple[int, int], Tuple[Any, Any, Any]]" = collections.OrderedDict()
+        self._in_compute: List[torch.Tensor] = []  # pinned slots of the batch between its lookup and the next
+        self._prefetch_blocked = False
+        self._rows_lock = threading.Lock()  # prefetch (a host thread) and lookup (the compute thread) both map IDs
+        self.prefetched_batches = 0  # lookups that found their rows ready
 
     def set_pipeline_depth(self, depth: int) -> None:
-        """Accept any pipeline depth: rows are chosen in each batch's own lookup (after the previous batch's
-        backward), so no batch in flight ever holds a row and the protection window stays one batch."""
-        self._pipeline_depth = depth
+        """Accept any depth: pins follow the batches actually in flight (see :meth:`prefetch_ids`)."""
+        self._pipeline_depth = max(1, int(depth))
+
+    def prefetch_ids(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        forward_stream: Any = None,
+        batch_size_per_feature_per_rank: Any = None,
+    ) -> None:
+        """TorchRec's prefetch: choose this batch's rows now (KEY_VALUE: swap them in), ahead of its lookup.
+
+        Called in batch order with the group's raw IDs (TorchRec's feature-major TBE layout). The batch's rows stay
+        pinned until the lookup after its own (by then its backward is done), so a later batch never evicts a row a
+        batch in flight uses: the protection window is exactly the batches in flight, whatever the pipeline depth.
+        If the cache cannot hold one more batch's rows next to the pinned ones, this batch (and the ones after it,
+        keeping the order) are mapped at their lookup instead; results are identical either way.
+        """
+        if batch_size_per_feature_per_rank is not None or not self._feature_names:
+            return  # variable batch sizes: rows are chosen in the lookup
+        features = KeyedJaggedTensor(keys=self._feature_names, values=indices, lengths=offsets[1:] - offsets[:-1])
+        with self._rows_lock:
+            per_table = self._ids_per_table(features)
+            if self._prefetch_blocked or not all(t.can_fit(ids) for t, ids in zip(self._slot_tables, per_table)):
+                self._prefetch_blocked = True  # later batches must not take rows this one will need first
+                return
+            mapped = self.map_ids(features)
+            self._prefetched[(indices.data_ptr(), indices.numel())] = (indices, mapped.values(), self._pin(mapped))
+            while len(self._prefetched) > self._pipeline_depth + 1:  # batches a pipeline dropped (detach, end)
+                self._release(self._prefetched.popitem(last=False)[1][2])
+
+    def lookup_rows(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """``features`` with raw IDs replaced by rows: the prefetched ones, or chosen now."""
+        values = features.values()
+        with self._rows_lock:
+            self._release(self._in_compute)  # the previous batch's backward is done: its rows may go
+            self._in_compute = []
+            ready = self._prefetched.pop((values.data_ptr(), values.numel()), None)
+            if ready is not None and (ready[0] is values or torch.equal(ready[0], values)):
+                for t in range(len(self._slot_tables)):
+                    self._write_default_row(t)  # the previous backward may have moved it since the prefetch
+                self.prefetched_batches += 1
+                mapped, self._in_compute = with_values(features, ready[1]), ready[2]
+            else:
+                if ready is not None:
+                    self._release(ready[2])
+                mapped = self.map_ids(features)
+                self._in_compute, self._prefetch_blocked = self._pin(mapped), False
+            return mapped
+
+    def _ids_per_table(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
+        per_feature = torch.split(features.values(), features.length_per_key())
+        return [
+            torch.cat([per_feature[i] for i, ft in enumerate(self._feature_table_map) if ft == t] or [_EMPTY])  # type: ignore
+            for t in range(len(self._slot_tables))
+        ]
+
+    def _pin(self, mapped: KeyedJaggedTensor) -> List[torch.Tensor]:
+        pinned = []
+        for table, slots in zip(self._slot_tables, self._ids_per_table(mapped)):
+            slots = torch.unique(slots[slots != table.default_slot])
+            table.pin(slots)
+            pinned.append(slots)
+        return pinned
+
+    def _release(self, pinned: List[torch.Tensor]) -> None:
+        for table, slots in zip(self._slot_tables, pinned):
+            table.pin(slots, -1)
 
     def _known(self, t: int) -> Any:
         """For a cache: which IDs missing from the pool have a row in a lower tier (None: no lower tier)."""
@@ -172,16 +246,18 @@ class HashRows:
                 slots[i] = part
         return with_values(features, torch.cat(slots) if slots else values)
 
+    # The TBE never reallocates its weights or states, so per-table views are taken once (cheap per batch). They
+    # are `.data` views, outside autograd's version counting: a prefetch writes rows that no batch in flight uses
+    # while an earlier batch's forward may have saved the whole tensor for its backward.
     def _pool_weights(self, t: int) -> torch.Tensor:
-        # The TBE never reallocates its weights, so its per-table views are taken once (cheap per batch).
         if not hasattr(self, "_weight_views"):
-            self._weight_views = self._emb_module.split_embedding_weights()  # type: ignore[attr-defined]
+            self._weight_views = [w.data for w in self._emb_module.split_embedding_weights()]  # type: ignore
         return self._weight_views[t]
 
     def _pool_states(self, t: int) -> List[torch.Tensor]:
         if not hasattr(self, "_state_views"):
             states = self._emb_module.split_optimizer_states()  # type: ignore[attr-defined]
-            self._state_views = [list(s) for s in states] if states else []
+            self._state_views = [[s.data for s in per_table] for per_table in states] if states else []
         return self._state_views[t] if self._state_views else []  # stateless optimizers (SGD) have none
 
     def initial_rows(self, t: int, ids: torch.Tensor) -> torch.Tensor:
@@ -373,10 +449,6 @@ def _lower_tier_rows(keys: torch.Tensor, rows: torch.Tensor) -> ShardRows:
     return ShardRows(keys, torch.full_like(keys, -1), torch.zeros_like(keys), rows)
 
 
-def _no_prefetch(*args: Any, **kwargs: Any) -> None:
-    """The TBE prefetch of hash and KEY_VALUE kernels: nothing to do ahead of the lookup."""
-
-
 class HashFusedEmbeddingBag(HashRows, BatchedFusedEmbeddingBag):
     """FUSED kernel of EmbeddingBagCollection hash tables (pooled lookups).
 
@@ -399,7 +471,7 @@ class HashFusedEmbeddingBag(HashRows, BatchedFusedEmbeddingBag):
         self._init_hash_rows(config, self._local_rows, [s.overflow for s in _specs(config)])
 
     def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return super().forward(self.map_ids(features), *args, **kwargs)
+        return super().forward(self.lookup_rows(features), *args, **kwargs)
 
 
 class HashFusedEmbedding(HashRows, BatchedFusedEmbedding):
@@ -410,7 +482,7 @@ class HashFusedEmbedding(HashRows, BatchedFusedEmbedding):
         self._init_hash_rows(config, self._local_rows, [s.overflow for s in _specs(config)])
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        return super().forward(self.map_ids(features))
+        return super().forward(self.lookup_rows(features))
 
 
 def _specs(config: GroupedEmbeddingConfig) -> List[HashTableSpec]:

@@ -284,7 +284,7 @@ class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
         self._init_key_value(config)
 
     def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return BatchedFusedEmbeddingBag.forward(self, self.map_ids(features), *args, **kwargs)
+        return BatchedFusedEmbeddingBag.forward(self, self.lookup_rows(features), *args, **kwargs)
 
 
 class KeyValueEmbedding(KeyValueRows, BatchedFusedEmbedding):
@@ -295,7 +295,7 @@ class KeyValueEmbedding(KeyValueRows, BatchedFusedEmbedding):
         self._init_key_value(config)
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        return BatchedFusedEmbedding.forward(self, self.map_ids(features))
+        return BatchedFusedEmbedding.forward(self, self.lookup_rows(features))
 
 
 def cache_metrics(model: torch.nn.Module) -> Dict[str, Dict[str, int]]:

@@ -75,7 +75,13 @@ def pytest_args(args: argparse.Namespace) -> List[str]:
 
 def _plugin_auto_loaded() -> bool:
     """Whether a ``pytest11`` entry point already loads the suite's plugin (``-p`` would register it twice)."""
-    return any(ep.value == PLUGIN for ep in importlib.metadata.entry_points(group="pytest11"))
+    # Every distribution, as pytest scans them: entry_points() keeps one distribution per name, and a stale
+    # egg-info on sys.path (a source checkout) can hide the installed one's entry points.
+    return any(
+        ep.group == "pytest11" and ep.value == PLUGIN
+        for dist in importlib.metadata.distributions()
+        for ep in dist.entry_points
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -88,6 +88,8 @@ class SlotTable(torch.nn.Module):
         self.id_map = IdMap(self.capacity)
         self.register_buffer("slot_ids", torch.full((self.capacity,), -1, dtype=torch.int64))
         self.register_buffer("last_used", torch.full((self.capacity,), -(2**62), dtype=torch.int64))
+        # Batches in flight (prefetched, or in compute) pin their rows; a row is evictable only at zero pins.
+        self.register_buffer("pins", torch.zeros(self.capacity, dtype=torch.int32), persistent=False)
         try:
             self.eviction = (
                 create_eviction_policy(spec.eviction_policy, self.capacity, **dict(spec.eviction_options))
@@ -176,6 +178,22 @@ class SlotTable(torch.nn.Module):
             evicted_slots=evicted_slots,
             evicted_ids=evicted_ids,
         )
+
+    def pin(self, slots: torch.Tensor, delta: int = 1) -> None:
+        """Pin (``delta=1``) or release (``-1``) distinct ``slots`` for a batch in flight."""
+        self.pins[slots] += delta
+
+    def can_fit(self, ids: torch.Tensor) -> bool:
+        """Whether :meth:`assign` of ``ids`` in training would find rows now (read-only; pins respected)."""
+        unique = ops.hash_unique(ids)[0]
+        slots = self.id_map.lookup(unique)
+        missing = int((slots < 0).sum())
+        free = self.capacity - len(self.id_map)
+        if missing <= free:
+            return True
+        evictable = (self.last_used <= self.step + 1 - self.window) & (self.slot_ids >= 0) & (self.pins == 0)
+        evictable[slots[slots >= 0]] = False  # the batch's own rows stay
+        return missing <= free + int(evictable.sum())
 
     def remove(self, ids: torch.Tensor) -> torch.Tensor:
         """Drop IDs from the pool (e.g. expired ones); returns their freed rows (-1 where absent)."""
@@ -404,7 +422,7 @@ class SlotTable(torch.nn.Module):
                 f"eviction policy ({self.spec.eviction_policy!r}) free rows."
             )
         assert self.eviction is not None and self.cadence is not None
-        evictable = (self.last_used <= self.step - self.window) & (self.slot_ids >= 0)
+        evictable = (self.last_used <= self.step - self.window) & (self.slot_ids >= 0) & (self.pins == 0)
         expired = expired[evictable[expired]]  # rows of the current batch stay, expired or not
         evictable[expired] = False
         available = int(evictable.sum())

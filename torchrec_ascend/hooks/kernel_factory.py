@@ -115,6 +115,8 @@ def _sequence_factory(original: Callable[..., Any]) -> Callable[..., Any]:
         cls = kernel_class("sequence", config, device)
         if cls is None:
             return original(self, config, pg, device, env)
+        if config.compute_kernel.value == "key_value":
+            self._need_prefetch = True  # as the stock factory does: prefetching pipelines then call our kernel
         return cls(config=config, pg=pg, device=device, env=env)
 
     return _create_embedding_kernel
