@@ -16,23 +16,23 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> defining module (PEP 562 lazy attributes keep `import torchrec_ascend` free of torch imports)
+# public name -> (defining module, attribute); PEP 562 lazy attributes keep `import torchrec_ascend` free of torch
 _LAZY = {
-    "HashEmbeddingBagConfig": "torchrec_ascend.hash.configs",
-    "HashEmbeddingConfig": "torchrec_ascend.hash.configs",
-    "HashEmbeddingBagCollection": "torchrec_ascend.hash.modules",
-    "HashEmbeddingCollection": "torchrec_ascend.hash.modules",
-    "get_default_hybrid_sharders": "torchrec_ascend.sharders",
-    "HybridTrainPipelineSparseDist": "torchrec_ascend.pipeline",
-    "Saver": "torchrec_ascend.checkpoint",
-    "doctor": "torchrec_ascend.cli.doctor",
+    "HashEmbeddingBagConfig": ("torchrec_ascend.hash.configs", "HashEmbeddingBagConfig"),
+    "HashEmbeddingConfig": ("torchrec_ascend.hash.configs", "HashEmbeddingConfig"),
+    "HashEmbeddingBagCollection": ("torchrec_ascend.hash.modules", "HashEmbeddingBagCollection"),
+    "HashEmbeddingCollection": ("torchrec_ascend.hash.modules", "HashEmbeddingCollection"),
+    "get_default_hybrid_sharders": ("torchrec_ascend.sharders", "get_default_hybrid_sharders"),
+    "HybridTrainPipelineSparseDist": ("torchrec_ascend.pipeline", "HybridTrainPipelineSparseDist"),
+    "Saver": ("torchrec_ascend.checkpoint", "Saver"),
+    "doctor": ("torchrec_ascend.cli.doctor", "report"),  # the `torchrec-ascend doctor` text
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    if name not in _LAZY:
         raise AttributeError(f"module 'torchrec_ascend' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    module, attribute = _LAZY[name]
+    return getattr(importlib.import_module(module), attribute)
