@@ -130,6 +130,7 @@ class HashRows:
         self._prefetched: "collections.OrderedDict[Tuple[int, int], Tuple[Any, Any, Any]]" = collections.OrderedDict()
         self._in_compute: List[torch.Tensor] = []  # pinned slots of the batch between its lookup and the next
         self._prefetch_blocked = False
+        self._prefetching = False  # set by the first prefetch: from then on lookups pin their batch's rows
         self._rows_lock = threading.Lock()  # prefetch (a host thread) and lookup (the compute thread) both map IDs
         self.prefetched_batches = 0  # lookups that found their rows ready
 
@@ -155,6 +156,7 @@ class HashRows:
         if batch_size_per_feature_per_rank is not None or not self._feature_names:
             return  # variable batch sizes: rows are chosen in the lookup
         features = KeyedJaggedTensor(keys=self._feature_names, values=indices, lengths=offsets[1:] - offsets[:-1])
+        self._prefetching = True
         with self._rows_lock:
             per_table = self._ids_per_table(features)
             if self._prefetch_blocked or not all(t.can_fit(ids) for t, ids in zip(self._slot_tables, per_table)):
@@ -167,6 +169,8 @@ class HashRows:
 
     def lookup_rows(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``features`` with raw IDs replaced by rows: the prefetched ones, or chosen now."""
+        if not self._prefetching:  # no pipeline prefetches this kernel: nothing is in flight to pin against
+            return self.map_ids(features)
         values = features.values()
         with self._rows_lock:
             self._release(self._in_compute)  # the previous batch's backward is done: its rows may go

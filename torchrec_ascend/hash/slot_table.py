@@ -137,6 +137,8 @@ class SlotTable(torch.nn.Module):
             CapacityError: the pool is full and the overflow rule is ``"error"``, or the batch (with the pinned
                 in-flight batches) needs more rows than the pool has.
         """
+        if training and self.admission is None and self.eviction is None and known is None:
+            return self._insert_all(ids)
         self.counters["lookups"] += ids.numel()
         unique, inverse, counts = ops.hash_unique(ids)
         slots_u = self.id_map.lookup(unique)
@@ -194,6 +196,25 @@ class SlotTable(torch.nn.Module):
         evictable = (self.last_used <= self.step + 1 - self.window) & (self.slot_ids >= 0) & (self.pins == 0)
         evictable[slots[slots >= 0]] = False  # the batch's own rows stay
         return missing <= free + int(evictable.sum())
+
+    def _insert_all(self, ids: torch.Tensor) -> Assignment:
+        """The common case (every new ID admitted, a full table an error) in one native pass over the batch."""
+        self.step += 1
+        slots, is_new = self.id_map.insert_or_lookup(ids)
+        new_ids, new_slots = ids[is_new], slots[is_new]
+        fresh = torch.zeros(self.capacity + 1, dtype=torch.bool)  # the last entry stands for "no row" (-1)
+        fresh[new_slots] = True
+        fresh[-1] = True
+        self.counters["lookups"] += ids.numel()
+        self.counters["hits"] += int((~fresh[slots]).sum())  # a new ID's repeats in its own batch are not hits
+        if bool((slots < 0).any()):
+            self.id_map.remove(new_ids)  # the batch fails whole: no ID keeps a row it never had filled
+            needed = new_ids.numel() + ops.hash_unique(ids[slots < 0])[0].numel()
+            raise self._full(needed, self.capacity - len(self.id_map))
+        self.slot_ids[new_slots] = new_ids
+        self.last_used[slots] = self.step
+        self.counters["inserted"] += new_ids.numel()
+        return Assignment(slots=slots, new_slots=new_slots, new_ids=new_ids)
 
     def remove(self, ids: torch.Tensor) -> torch.Tensor:
         """Drop IDs from the pool (e.g. expired ones); returns their freed rows (-1 where absent)."""
@@ -408,6 +429,13 @@ class SlotTable(torch.nn.Module):
             admitted[fresh] = self.admission.admit(candidates[fresh], counts[fresh], self.step, fresh_signals)
         return admitted
 
+    def _full(self, needed: int, free: int) -> CapacityError:
+        return CapacityError(
+            f"hash table {self.table!r} is full: a shard holds {self.capacity} IDs and this batch brings "
+            f"{needed} new ones ({free} rows free). Raise num_embeddings, or set overflow='evict' to let the "
+            f"eviction policy ({self.spec.eviction_policy!r}) free rows."
+        )
+
     def _make_room(self, needed: int, on_evict: Optional[Callable[[torch.Tensor, torch.Tensor], None]]) -> tuple:
         free = self.capacity - len(self.id_map)
         due = self.cadence is not None and self.cadence.due(self.step)
@@ -416,11 +444,7 @@ class SlotTable(torch.nn.Module):
         if needed <= free and not bulk:
             return _EMPTY, _EMPTY
         if self.overflow == "error":
-            raise CapacityError(
-                f"hash table {self.table!r} is full: a shard holds {self.capacity} IDs and this batch brings "
-                f"{needed} new ones ({free} rows free). Raise num_embeddings, or set overflow='evict' to let the "
-                f"eviction policy ({self.spec.eviction_policy!r}) free rows."
-            )
+            raise self._full(needed, free)
         assert self.eviction is not None and self.cadence is not None
         evictable = (self.last_used <= self.step - self.window) & (self.slot_ids >= 0) & (self.pins == 0)
         expired = expired[evictable[expired]]  # rows of the current batch stay, expired or not
