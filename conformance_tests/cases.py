@@ -145,11 +145,15 @@ def sharding_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
 def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     """Hash tables sharded every way the device supports vs. the unsharded hash module and a dict model.
 
-    The script picks the kernel: dense for data_parallel replicas, FUSED otherwise. ``quick``: one pooled row-wise
-    case.
+    The script picks the kernel: dense for data_parallel replicas, FUSED otherwise. The full run adds sequence
+    tables sharded with ``use_index_dedup``. ``quick``: one pooled row-wise case.
     """
     cases = _grid(profile, world_size, HASH_SHARDING_TYPES, lambda *_: {})
-    return _quick(cases, ("ebc-row_wise-rowwise_adagrad",)) if quick else cases
+    if quick:
+        return _quick(cases, ("ebc-row_wise-rowwise_adagrad",))
+    dedup = [Case({**c.params, "dedup": "index_dedup"}, c.expect) for c in cases
+             if not c.skip and c.params["kind"] == "ec" and c.params["optimizer"] == "rowwise_adagrad"]
+    return cases + dedup
 
 
 def key_value_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:

@@ -43,3 +43,4 @@ def test_case(case: Case, request: Any) -> None:
     assert r["ids"] == r["expected_ids"] > 0, (
         f"{r['ids']} IDs own rows across the shards, {r['expected_ids']} were seen: every ID must own exactly one row"
     )
+    assert r["index_dedup"] == ("dedup" in case.params), "the sharded module must dedup exactly when the case asks"

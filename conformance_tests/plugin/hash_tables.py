@@ -1,9 +1,12 @@
 """Hash tables sharded by DistributedModelParallel vs. the unsharded hash module vs. a plain-Python model.
 
 Run with torchrun (see ``conformance_tests/launch.py``); each case is
-``{"kind": "ebc"|"ec", "sharding_type": ..., "optimizer": "sgd"|"adagrad"|"rowwise_adagrad", "kernel": "fused"}``.
+``{"kind": "ebc"|"ec", "sharding_type": ..., "optimizer": "sgd"|"adagrad"|"rowwise_adagrad", "kernel": "fused"}``,
+optionally ``"dedup": "index_dedup"`` (an EmbeddingCollection sharded with ``use_index_dedup=True``).
 Raw 63-bit IDs (with repeats) go through stock collections of :class:`HashEmbeddingBagConfig` /
-:class:`HashEmbeddingConfig` tables. Three models train on the same batches:
+:class:`HashEmbeddingConfig` tables; the dedup cases use small IDs instead, chosen so that each user ID equals an
+item ID plus the user table's ``num_embeddings`` (linearizing IDs by table size, as fbgemm's dedup does, would merge
+them). Three models train on the same batches:
 
 * the sharded one (stock planner constrained to the sharding type; optimizer fused into backward);
 * the unsharded hash collection on the global batch (optimizer applied in backward, as TorchRec does unsharded);
@@ -57,25 +60,27 @@ def make_module(kind: str) -> torch.nn.Module:
     ])
 
 
-def id_pool(table_index: int) -> torch.Tensor:
+def id_pool(table_index: int, colliding: bool = False) -> torch.Tensor:
+    if colliding:  # user IDs 64.., item IDs 0..: user k + 64 and item k share a linearized index
+        return torch.arange(IDS_PER_FEATURE) + (TABLES[0][1] if table_index == 0 else 0)
     gen = torch.Generator().manual_seed(77 + table_index)
     return torch.randint(0, 2**63 - 1, (IDS_PER_FEATURE,), generator=gen)
 
 
-def make_batch(step: int, rank: int) -> KeyedJaggedTensor:
+def make_batch(step: int, rank: int, colliding: bool = False) -> KeyedJaggedTensor:
     gen = torch.Generator().manual_seed(1000 * step + rank)
     lengths = torch.randint(0, MAX_LEN + 1, (len(TABLES) * BATCH,), generator=gen)
     values = []
     for t in range(len(TABLES)):
         n = int(lengths[t * BATCH:(t + 1) * BATCH].sum())
-        values.append(id_pool(t)[torch.randint(0, IDS_PER_FEATURE, (n,), generator=gen)])
+        values.append(id_pool(t, colliding)[torch.randint(0, IDS_PER_FEATURE, (n,), generator=gen)])
     return KeyedJaggedTensor.from_lengths_sync(
         keys=[f"f_{n}" for n, _, _ in TABLES], values=torch.cat(values), lengths=lengths
     )
 
 
-def rank_batches(step: int, world: int) -> List[KeyedJaggedTensor]:
-    return [make_batch(step, r) for r in range(world)]
+def rank_batches(step: int, world: int, colliding: bool = False) -> List[KeyedJaggedTensor]:
+    return [make_batch(step, r, colliding) for r in range(world)]
 
 
 def concat(batches: List[KeyedJaggedTensor]) -> KeyedJaggedTensor:
@@ -174,14 +179,16 @@ OPTIMIZERS = {
 }
 
 
-def shard(module: torch.nn.Module, sharding_type: str, kernel: str, pg: Any) -> DistributedModelParallel:
+def shard(
+    module: torch.nn.Module, sharding_type: str, kernel: str, pg: Any, dedup: bool = False
+) -> DistributedModelParallel:
     constraints = {
         n: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel], min_partition=8)
         for n, _, _ in TABLES
     }
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=pg.size(), compute_device="cpu"),
                                        constraints=constraints)
-    sharders = get_default_hybrid_sharders()
+    sharders = get_default_hybrid_sharders(use_index_dedup=dedup)
     plan = planner.plan(module, sharders)
     return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"),
                                     plan=plan, sharders=sharders)
@@ -225,9 +232,10 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     rank, world = pg.rank(), pg.size()
     kind, sharding_type = case["kind"], case["sharding_type"]
     opt_cls, opt_kwargs = OPTIMIZERS[case["optimizer"]]
+    dedup = case.get("dedup") == "index_dedup"
     torch.manual_seed(0)
     dmp = shard(_with_optimizer(make_module(kind), kind, opt_cls, opt_kwargs), sharding_type,
-                case.get("kernel", "dense" if sharding_type == "data_parallel" else "fused"), pg)
+                case.get("kernel", "dense" if sharding_type == "data_parallel" else "fused"), pg, dedup)
     # data_parallel tables are trained by a dense optimizer, as TorchRec users do (DDP averages their gradients).
     dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
     dense = KeyedOptimizerWrapper(dense_params, lambda ps: opt_cls(ps, **opt_kwargs)) if dense_params else None
@@ -240,7 +248,7 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
 
     err_unsharded = err_python = 0.0
     for step in range(STEPS):
-        batches = rank_batches(step, world)
+        batches = rank_batches(step, world, dedup)
         ref_blocks = rows_of(kind, unsharded(concat(batches)), concat(batches))
         py_blocks = python.forward(kind, concat(batches))
         mine = torch.cat(rows_of(kind, dmp(batches[rank]), batches[rank]), dim=1 if kind == "ebc" else 0)
@@ -258,7 +266,7 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
 
     final = sharded_rows(dmp, pg)
     seen = {(n, i) for step in range(STEPS) for (n, _, _), f in zip(TABLES, range(len(TABLES)))
-            for i in concat(rank_batches(step, world))[f"f_{n}"].values().tolist()}
+            for i in concat(rank_batches(step, world, dedup))[f"f_{n}"].values().tolist()}
     return {
         "fwd_err_unsharded": err_unsharded,
         "fwd_err_python": err_python,
@@ -266,6 +274,7 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
         "row_err_python": max_row_diff(final, python.rows),
         "ids": len(final),
         "expected_ids": len(seen),
+        "index_dedup": any(getattr(m, "_use_index_dedup", False) for m in dmp.modules()),
     }
 
 

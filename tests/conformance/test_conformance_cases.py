@@ -63,7 +63,11 @@ def test_sharding_grid_is_exactly_what_the_device_supports(profile: FakeProfile,
     cases = C.sharding_cases(profile, world, quick=False)
     assert runnable_grid(cases) == expected_grid(profile, C.STOCK_SHARDING_TYPES)
     hash_cases = C.hash_table_cases(profile, world, quick=False)
-    assert runnable_grid(hash_cases) == expected_grid(profile, C.HASH_SHARDING_TYPES)
+    assert runnable_grid([c for c in hash_cases if "dedup" not in c.params]) == expected_grid(
+        profile, C.HASH_SHARDING_TYPES)
+    dedup = sorted(c.params["sharding_type"] for c in hash_cases if "dedup" in c.params)
+    rowwise = "EXACT_ROWWISE_ADAGRAD" in profile.fused_optimizers
+    assert dedup == sorted(t for t in C.HASH_SHARDING_TYPES["ec"] if t in profile.sharding_types and rowwise)
     skipped = {c.params.get("optimizer") or c.params.get("kernel"): c.skip for c in cases if c.skip}
     for name, fbgemm in C.SCRIPT_OPTIMIZERS.items():
         if fbgemm not in profile.fused_optimizers:

@@ -21,12 +21,14 @@ CASES: List[Dict[str, Any]] = [
     for kind, types in TYPES.items()
     for st in types
     for opt in ("sgd", "adagrad", "rowwise_adagrad")
+] + [  # use_index_dedup, on IDs that would merge if linearized by table size
+    {"kind": "ec", "sharding_type": st, "optimizer": "rowwise_adagrad", "dedup": "index_dedup"} for st in TYPES["ec"]
 ]
 TOLERANCE = 1e-6
 
 
 def case_id(case: Dict[str, Any]) -> str:
-    return f"{case['kind']}-{case['sharding_type']}-{case['optimizer']}"
+    return "-".join(str(case[k]) for k in ("kind", "sharding_type", "optimizer", "dedup") if k in case)
 
 
 @pytest.fixture(scope="module")
@@ -42,3 +44,4 @@ def test_sharded_equals_unsharded_and_python(results: Dict[str, Any], case: Dict
     assert r["fwd_err_unsharded"] <= TOLERANCE and r["fwd_err_python"] <= TOLERANCE
     assert r["row_err_unsharded"] <= TOLERANCE and r["row_err_python"] <= TOLERANCE
     assert r["ids"] == r["expected_ids"] > 0, "every ID seen should own exactly one row across the shards"
+    assert r["index_dedup"] == ("dedup" in case), "the sharded module must dedup exactly when asked"

@@ -6,6 +6,7 @@
   ``fused_params`` (the only per-table channel that reaches the kernel factory), row-wise hash tables get the
   hash-placement input dist, and sharding types a hash table cannot use are refused with the table's name.
 * The planner never proposes those sharding types for a hash table.
+* ``EmbeddingCollectionSharder(use_index_dedup=True)`` dedups per table (exact for raw IDs, and on CPU).
 """
 
 from __future__ import annotations
@@ -172,6 +173,23 @@ def _pre_load(original: Callable[..., None]) -> Callable[..., None]:
     return _pre_load_state_dict_hook
 
 
+def _exact_index_dedup(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _dedup_indices(self: Any, ctx: Any, input_feature_splits: List[Any]) -> List[Any]:
+        from torchrec_ascend.sharders.index_dedup import dedup_per_table, table_groups
+
+        accumulate = bool(getattr(self, "_enable_feature_score_weight_accumulation", False))
+        deduped = []
+        for i, features in enumerate(input_feature_splits):
+            groups = table_groups(self.get_buffer(f"_hash_size_offset_tensor_{i}"))
+            features_once, reverse = dedup_per_table(features, groups, accumulate)
+            ctx.input_features.append(features)
+            ctx.reverse_indices.append(reverse)
+            deduped.append(features_once)
+        return deduped
+
+    return _dedup_indices
+
+
 _EBC = "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection"
 _EC = "torchrec.distributed.embedding:ShardedEmbeddingCollection"
 _ENUMERATOR = "torchrec.distributed.planner.enumerators:EmbeddingEnumerator"
@@ -218,6 +236,13 @@ PATCHES = [
         requires=TORCHREC_1_8,
         reason="row-wise hash tables are placed by hash(ID) % world_size, not by row range",
         wrapper=_sequence_sharding,
+    ),
+    Patch.wrap(
+        name="hash.ec_index_dedup",
+        target=f"{_EC}._dedup_indices",
+        requires=TORCHREC_1_8,
+        reason="use_index_dedup linearizes IDs by num_embeddings (raw hash IDs of two tables merge) and has no CPU op",
+        wrapper=_exact_index_dedup,
     ),
     Patch.wrap(
         name="hash.ebc_unsharded_copy",

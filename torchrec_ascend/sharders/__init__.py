@@ -48,18 +48,23 @@ class HashEmbeddingCollectionSharder(EmbeddingCollectionSharder):
         return HashEmbeddingCollection
 
 
-def get_default_hybrid_sharders(fused_params: Optional[Dict[str, Any]] = None) -> List[ModuleSharder[Any]]:
+def get_default_hybrid_sharders(
+    fused_params: Optional[Dict[str, Any]] = None, use_index_dedup: bool = False
+) -> List[ModuleSharder[Any]]:
     """The sharder list to hand to DistributedModelParallel for models with hash (and plain) tables.
 
     Args:
         fused_params: optional fused optimizer parameters shared by all sharders, as for the stock sharders.
+        use_index_dedup: EmbeddingCollections send each table's distinct IDs once per batch through the all-to-all
+            and expand the returned rows (TorchRec's ``EmbeddingCollectionSharder`` flag; torchrec-ascend makes it
+            exact for raw IDs, see :mod:`.index_dedup`). Pooled tables need every ID at its owner: not deduped.
 
     Returns:
         Sharders for EmbeddingBagCollection, EmbeddingCollection and their Hash* migration names.
     """
     return [
         EmbeddingBagCollectionSharder(fused_params=fused_params),
-        EmbeddingCollectionSharder(fused_params=fused_params),
+        EmbeddingCollectionSharder(fused_params=fused_params, use_index_dedup=use_index_dedup),
         HashEmbeddingBagCollectionSharder(fused_params=fused_params),
-        HashEmbeddingCollectionSharder(fused_params=fused_params),
+        HashEmbeddingCollectionSharder(fused_params=fused_params, use_index_dedup=use_index_dedup),
     ]
