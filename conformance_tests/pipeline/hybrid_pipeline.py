@@ -8,8 +8,10 @@ every embedding shard and dense parameter of the pipelined model must equal the 
 
 Case kinds (JSON objects; ``model`` is ``ebc``, ``ec`` or ``both``, ``sharding_type`` ``row_wise`` or ``table_wise``):
 
-* ``equivalence`` (``model``, ``sharding_type``, ``depth``, ``batches``, ``host_threads``): train ``batches``
-  batches at depth ``depth``; report ``weight_err``, ``output_err`` (per-step outputs), ``moved``, ``steps``.
+* ``equivalence`` (``model``, ``sharding_type``, ``depth``, ``batches``, ``host_threads``, optionally
+  ``"dedup": "index_dedup"``: the pipelined model's EmbeddingCollection dedups its IDs before the all-to-all, the
+  oracle's does not): train ``batches`` batches at depth ``depth``; report ``weight_err``, ``output_err``
+  (per-step outputs), ``moved``, ``steps``, ``index_dedup``.
 * ``end_of_data`` (``depth``, ``batches``, ``execute_all_batches``): as above on short data; ``steps`` counts the
   batches trained and the oracle trains the same ones.
 * ``raise`` (``where``: ``load``/``copy``/``split``/``prefetch``/``compute``, ``at``, ``depth``): that stage raises
@@ -52,6 +54,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
+from torchrec_ascend import get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import process_group_backend, script_device
 from torchrec_ascend.conformance_tests.plugin.runner import COLLECTIVE_TIMEOUT_S, exit_without_finalizers
 from torchrec_ascend.pipeline import HybridTrainPipelineSparseDist, PipelineStageError
@@ -146,7 +149,9 @@ def make_batch(step: int, rank: int) -> HybridBatch:
     )
 
 
-def shard(kind: str, sharding_type: str, pg: dist.ProcessGroup, initial: Dict[str, torch.Tensor]) -> Tuple[Any, Any]:
+def shard(
+    kind: str, sharding_type: str, pg: dist.ProcessGroup, initial: Dict[str, torch.Tensor], dedup: bool = False
+) -> Tuple[Any, Any]:
     """A DMP of ``Model(kind)`` with the initial weights and a dense optimizer (tables train fused in backward)."""
     torch.manual_seed(0)
     model = Model(kind)
@@ -160,7 +165,7 @@ def shard(kind: str, sharding_type: str, pg: dist.ProcessGroup, initial: Dict[st
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=pg.size(), compute_device="cpu"), constraints=constraints
     )
-    sharders = get_default_sharders()
+    sharders = get_default_hybrid_sharders(use_index_dedup=True) if dedup else get_default_sharders()
     plan = planner.plan(model, sharders)  # every rank plans the same plan (no collective_plan: see sharding_matrix)
     dmp = DistributedModelParallel(
         model, env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"), plan=plan, sharders=sharders
@@ -253,7 +258,7 @@ def run_training(case: Dict[str, Any], ref: _Reference, pg: dist.ProcessGroup) -
     kind, sharding_type = case.get("model", "both"), case.get("sharding_type", "row_wise")
     n, rank = case["batches"], pg.rank()
     execute_all = case.get("execute_all_batches", True)
-    dmp, dense = shard(kind, sharding_type, pg, ref.initial[kind])
+    dmp, dense = shard(kind, sharding_type, pg, ref.initial[kind], case.get("dedup") == "index_dedup")
     pipeline = HybridTrainPipelineSparseDist(
         dmp, dense, torch.device("cpu"), pipe_n_batch=case["depth"], host_threads=case.get("host_threads", 2),
         execute_all_batches=execute_all,
@@ -282,6 +287,7 @@ def run_training(case: Dict[str, Any], ref: _Reference, pg: dist.ProcessGroup) -
         "threads_left": pipeline_threads(),
         "mirrors": len(pipeline._resources.groups.groups()),
         "input_dists_on_mirrors": input_dists_on_mirrors(dmp, pipeline._resources.groups.groups()),
+        "index_dedup": any(getattr(m, "_use_index_dedup", False) for m in dmp.modules()),
     }
     if case.get("detach_at") is not None:
         result["detached_threads"] = detached_threads

@@ -25,6 +25,10 @@ EQUIVALENCE = [
     {"kind": "equivalence", "model": m, "sharding_type": s, "depth": d, "batches": BATCHES, "host_threads": 2}
     for m, s in MODELS
     for d in DEPTHS
+] + [  # TorchRec's index dedup in the input dist, behind the pipeline
+    {"kind": "equivalence", "model": "ec", "sharding_type": s, "depth": 3, "batches": BATCHES, "host_threads": 2,
+     "dedup": "index_dedup"}
+    for s in ("row_wise", "table_wise")
 ]
 # (batches, depth, execute_all_batches) -> batches trained (stock semantics for False: depth - 1 are not trained)
 END_OF_DATA = {(0, 6, True): 0, (3, 6, True): 3, (6, 6, True): 6, (7, 6, True): 7, (7, 3, False): 5, (4, 1, False): 4}
@@ -47,7 +51,7 @@ CASES: List[Dict[str, Any]] = (
 
 
 def case_id(case: Dict[str, Any]) -> str:
-    keys = ("kind", "model", "sharding_type", "where", "at", "depth", "batches", "execute_all_batches")
+    keys = ("kind", "model", "sharding_type", "where", "at", "depth", "batches", "execute_all_batches", "dedup")
     return "-".join(str(case[k]) for k in keys if k in case)
 
 
@@ -75,7 +79,9 @@ def assert_trained_like_plain_loop(result: Dict[str, Any], steps: int) -> None:
 
 @pytest.mark.parametrize("case", EQUIVALENCE, ids=case_id)
 def test_weights_equal_plain_training_loop(results: Dict[str, Dict[str, Any]], case: Dict[str, Any]) -> None:
-    assert_trained_like_plain_loop(result_of(results, case), BATCHES)
+    result = result_of(results, case)
+    assert_trained_like_plain_loop(result, BATCHES)
+    assert result["index_dedup"] == ("dedup" in case)
 
 
 @pytest.mark.parametrize("shape, trained", END_OF_DATA.items(), ids=lambda x: str(x))
