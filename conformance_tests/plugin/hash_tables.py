@@ -14,14 +14,21 @@ them). Three models train on the same batches:
 
 Reported per case: the largest forward difference to each oracle over all steps, and the largest difference of
 every ID's final row (gathered from all shards) to each oracle.
+
+A case with ``"state_dict": <sharding type>`` instead checks the stock checkpoint path: train, save
+``state_dict()`` and the fused optimizer's with torch.distributed.checkpoint, load them into the model sharded the
+given way, train both on. Reported: ``load_error`` (a refused load's message), ``fwd_err`` and ``row_err`` against
+the model that never stopped.
 """
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torchrec
 import torchrec.optim as trec_optim
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -34,6 +41,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.plugin.runner import main
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import ColumnShardRowWiseAdagrad
 from torchrec_ascend.kernels import reference
 from torchrec_ascend.kernels.fused import HashRows
@@ -228,7 +236,50 @@ def max_row_diff(a: Dict[Any, torch.Tensor], b: Dict[Any, torch.Tensor]) -> floa
     return max((a[k] - b[k]).abs().max().item() for k in a) if a else 0.0
 
 
+def state_dict_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
+    """Train, save ``state_dict()`` and the fused optimizer's with DCP, load both into a model sharded
+    ``case["state_dict"]``, train both on: the outputs and final rows must agree."""
+    rank, world = pg.rank(), pg.size()
+    opt_cls, opt_kwargs = OPTIMIZERS[case["optimizer"]]
+
+    def build(sharding_type: str) -> DistributedModelParallel:
+        kernel = "dense" if sharding_type == "data_parallel" else "fused"  # replicas: weights untrained here
+        return shard(_with_optimizer(make_module(case["kind"]), case["kind"], opt_cls, opt_kwargs), sharding_type,
+                     kernel, pg)
+
+    def train(model: DistributedModelParallel, step: int) -> torch.Tensor:
+        batch = rank_batches(step, world)[rank]
+        out = torch.cat(rows_of(case["kind"], model(batch), batch), dim=1 if case["kind"] == "ebc" else 0)
+        (out * upstream(case["kind"], out, step, rank)).sum().backward()
+        return out.detach()
+
+    saved = build(case["sharding_type"])
+    for step in range(STEPS // 2):
+        train(saved, step)
+    holder: List[Any] = [tempfile.mkdtemp(prefix="state-dict-") if rank == 0 else None]
+    dist.broadcast_object_list(holder, src=0, group=pg)
+    dcp.save({"model": saved.state_dict(), "optim": saved.fused_optimizer.state_dict()}, checkpoint_id=holder[0])
+    loaded = build(case["state_dict"])
+    state = {"model": loaded.state_dict(), "optim": loaded.fused_optimizer.state_dict()}
+    dcp.load(state, checkpoint_id=holder[0])
+    try:
+        loaded.load_state_dict(state["model"])
+        loaded.fused_optimizer.load_state_dict(state["optim"])
+        error = ""
+    except ConfigError as err:
+        error = str(err)
+    errors: List[Any] = [None] * world
+    dist.all_gather_object(errors, error, group=pg)
+    if any(errors):  # no rank trains on alone
+        return {"load_error": next(e for e in errors if e)}
+    fwd_err = max((train(saved, s) - train(loaded, s)).abs().max().item() for s in range(STEPS // 2, STEPS))
+    return {"load_error": "", "fwd_err": fwd_err, "row_err": max_row_diff(sharded_rows(saved, pg),
+                                                                         sharded_rows(loaded, pg))}
+
+
 def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
+    if "state_dict" in case:
+        return state_dict_case(case, pg)
     rank, world = pg.rank(), pg.size()
     kind, sharding_type = case["kind"], case["sharding_type"]
     opt_cls, opt_kwargs = OPTIMIZERS[case["optimizer"]]

@@ -9,6 +9,9 @@ What is covered by which path:
   layout and reshards otherwise (any world size, sharding type or column split; see
   :mod:`~torchrec_ascend.checkpoint.restore`). ``save(model, path, incremental=True)`` writes only rows changed
   since the previous save.
+* **FUSED hash tables, the stock way**: ``state_dict()`` carries each row's ID (``<table>.weight_id``, see
+  :mod:`~torchrec_ascend.checkpoint.stock`), so ``load_state_dict()`` and DCP round-trip them with the same plan;
+  loads that would need hash resharding are refused (use the Saver). Policy state is not included.
 * **Everything else** (dense parameters, plain FUSED tables, the dense optimizer): stock
   ``torch.distributed.checkpoint`` (DCP), which reshards plain tables itself. :func:`dense_state_dict` gives the
   model's ``state_dict()`` without the Saver's tables, so DCP neither writes KEY_VALUE placeholders nor restores

@@ -1,30 +1,47 @@
-"""The stock-checkpoint side: a model's ``state_dict()`` without the tables the :class:`Saver` covers.
+"""The stock-checkpoint side: FUSED hash tables in ``state_dict()``, and a ``state_dict()`` without the Saver's tables.
 
-Dense parameters and plain FUSED tables are checkpointed the TorchRec way, with ``torch.distributed.checkpoint``
-(DCP), which also reshards plain tables. Hash tables and KEY_VALUE tables appear in ``state_dict()`` too, but as
-what DCP cannot use: a FUSED hash table's pool rows (meaningless without its ID map) and a KEY_VALUE table's
-zero-cost placeholder (which DCP would write out as zeros of the table's full size). :func:`dense_state_dict`
-leaves them out; load it back with ``load_state_dict(..., strict=False)``.
+A sharded FUSED hash table's pool rows mean nothing without its ID map, so its ``state_dict()`` entry
+``<prefix>.<table>.weight`` comes with ``<prefix>.<table>.weight_id`` (TorchRec's name for the IDs of a dynamic
+table's rows): int64 ``[num_embeddings, column shards]``, the ID each weight row holds (-1: free or the reserved
+row), sharded like the weight's rows. Stock ``load_state_dict()`` and ``torch.distributed.checkpoint`` (DCP) then
+round-trip the table with the same sharding plan; DCP may also move a table to a layout without hash placement
+(e.g. row_wise -> table_wise). A load that would put an ID on a shard that does not own it (another world size or
+row-wise split) raises a :class:`~torchrec_ascend.errors.ConfigError` naming the table: reshard with the
+:class:`~torchrec_ascend.checkpoint.Saver`, which also keeps policy state and KEY_VALUE tiers.
+
+:func:`dense_state_dict` gives what stock DCP should carry when the Saver carries the tables: ``state_dict()``
+without hash tables and KEY_VALUE tables (whose entry is a zero-cost placeholder, which DCP would write out as zeros
+of the table's full size); load it back with ``load_state_dict(..., strict=False)``.
 
 Example::
 
     import torch.distributed.checkpoint as dcp
 
-    dcp.save({"model": dense_state_dict(dmp)}, checkpoint_id="/ckpt/dense")
-    state = {"model": dense_state_dict(dmp)}
-    dcp.load(state, checkpoint_id="/ckpt/dense")
-    dmp.load_state_dict(state["model"], strict=False)
+    dcp.save({"model": dmp.state_dict()}, checkpoint_id="/ckpt/all")          # FUSED hash tables included
+    state = {"model": dmp.state_dict()}
+    dcp.load(state, checkpoint_id="/ckpt/all")
+    dmp.load_state_dict(state["model"])
+
+    dcp.save({"model": dense_state_dict(dmp)}, checkpoint_id="/ckpt/dense")   # with the Saver for the tables
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Set
+from typing import Any, Dict, List, Set, Tuple
 
 import torch
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata, TensorProperties
 
+from torchrec_ascend.checkpoint.layout import ShardLayout
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.fused import HashRows
+from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
 from torchrec_ascend.kernels.walk import sharded_kernels
+
+#: The state_dict entry next to a FUSED hash table's ``weight``: the ID each weight row holds.
+WEIGHT_ID = "weight_id"
 
 
 def saver_keys(model: torch.nn.Module) -> Set[str]:
@@ -42,7 +59,8 @@ def saver_keys(model: torch.nn.Module) -> Set[str]:
     }
     if not names:
         return set()
-    pattern = re.compile(r"(^|\.)(embedding_bags|embeddings)\.(" + "|".join(map(re.escape, names)) + r")\.weight$")
+    tables = "|".join(map(re.escape, names))
+    pattern = re.compile(r"(^|\.)(embedding_bags|embeddings)\.(" + tables + r")\.(weight|" + WEIGHT_ID + ")$")
     return {key for key in model.state_dict() if pattern.search(key)}
 
 
@@ -58,3 +76,110 @@ def dense_state_dict(model: torch.nn.Module) -> Dict[str, Any]:
     """
     skip = saver_keys(model)
     return {key: value for key, value in model.state_dict().items() if key not in skip}
+
+
+def add_weight_ids(module: torch.nn.Module, destination: Dict[str, Any], prefix: str, attr: str) -> None:
+    """State-dict hook of a sharded collection: put ``<table>.weight_id`` next to each FUSED hash table's weight.
+
+    Args:
+        module: a sharded EmbeddingBagCollection / EmbeddingCollection.
+        destination: the state_dict being built (its ``weight`` entries are in place).
+        prefix: the module's key prefix; ``attr``: ``"embedding_bags"`` or ``"embeddings"``.
+    """
+    for name, shards in _fused_hash_shards(module).items():
+        weight = destination.get(f"{prefix}{attr}.{name}.weight")
+        if weight is None:
+            continue
+        key = f"{prefix}{attr}.{name}.{WEIGHT_ID}"
+        if not isinstance(weight, ShardedTensor):  # data_parallel: every rank holds the whole table
+            destination[key] = _row_ids(*shards[0])[:, None]
+            continue
+        pieces = [(kernel.shard_info(t).table.local_metadata, _row_ids(kernel, t)) for kernel, t in shards]
+        table = shards[0][0].shard_info(shards[0][1]).table
+        columns = _column_offsets(table.global_metadata)
+        metadata = ShardedTensorMetadata(
+            shards_metadata=[_id_shard(m, columns) for m in table.global_metadata.shards_metadata],
+            size=torch.Size([table.global_metadata.size[0], len(columns)]),
+            tensor_properties=TensorProperties(dtype=torch.int64),
+        )
+        local = [Shard(tensor=ids[:, None], metadata=_id_shard(m, columns)) for m, ids in pieces]
+        destination[key] = ShardedTensor._init_from_local_shards_and_global_metadata(
+            local, metadata, process_group=weight._process_group
+        )
+
+
+def load_weight_ids(module: torch.nn.Module, state_dict: Dict[str, Any], prefix: str, attr: str) -> None:
+    """Load-state-dict pre-hook of a sharded collection: take each FUSED hash table's ``weight_id`` out of
+    ``state_dict`` and make the table's shards hold those IDs at those rows.
+
+    Raises:
+        ConfigError: the entry has no piece for one of this rank's shards, or puts an ID on a shard that does not
+            own it (the state_dict was made with another sharding plan or world size).
+    """
+    for name, shards in _fused_hash_shards(module).items():
+        key = f"{prefix}{attr}.{name}.{WEIGHT_ID}"
+        if key not in state_dict:
+            continue
+        value = state_dict.pop(key)
+        if not isinstance(value, ShardedTensor):  # data_parallel: the whole table, placed by nobody
+            for kernel, t in shards:
+                _restore_ids(kernel, t, value[:, 0], key, placed=False)
+            continue
+        pieces = {(tuple(p.metadata.shard_offsets), p.metadata.shard_sizes[0]): p.tensor for p in value.local_shards()}
+        for kernel, t in shards:
+            info = kernel.shard_info(t)
+            local = info.table.local_metadata
+            columns = _column_offsets(info.table.global_metadata)
+            row0, rows = int(local.shard_offsets[0]), int(local.shard_sizes[0])
+            ids = pieces.get(((row0, columns.index(int(local.shard_offsets[1]))), rows))
+            if ids is None:
+                raise ConfigError(
+                    f"hash table {name!r}: {key!r} has no IDs for this rank's shard (rows {row0}-{row0 + rows - 1}): "
+                    "it was saved with another sharding plan or world size. Load it with the same plan, or move the "
+                    "table with torchrec_ascend.Saver, which reshards."
+                )
+            _restore_ids(kernel, t, ids[:, 0], key, placed=True)
+
+
+def _fused_hash_shards(module: torch.nn.Module) -> Dict[str, List[Tuple[HashRows, int]]]:
+    """Table name -> this rank's (kernel, table index) shards of FUSED (pool-only) hash tables."""
+    shards: Dict[str, List[Tuple[HashRows, int]]] = {}
+    for kernel in sharded_kernels(module):
+        if isinstance(kernel, HashRows) and not isinstance(kernel, KeyValueRows):
+            for t in range(kernel.num_tables):
+                shards.setdefault(kernel.slot_table(t).table, []).append((kernel, t))
+    return shards
+
+
+def _row_ids(kernel: HashRows, t: int) -> torch.Tensor:
+    """The ID of every row of the shard: its pool's, then -1 for the reserved (not-admitted) row."""
+    slot_ids = kernel.slot_table(t).slot_ids
+    return torch.cat([slot_ids, slot_ids.new_full((1,), -1)])
+
+
+def _column_offsets(global_metadata: Any) -> List[int]:
+    return sorted({int(m.shard_offsets[1]) for m in global_metadata.shards_metadata})
+
+
+def _id_shard(weight_shard: Any, columns: List[int]) -> ShardMetadata:
+    """A weight shard's piece of ``weight_id``: the same rows, one column per column shard."""
+    return ShardMetadata(
+        shard_offsets=[int(weight_shard.shard_offsets[0]), columns.index(int(weight_shard.shard_offsets[1]))],
+        shard_sizes=[int(weight_shard.shard_sizes[0]), 1],
+        placement=weight_shard.placement,
+    )
+
+
+def _restore_ids(kernel: HashRows, t: int, row_ids: torch.Tensor, key: str, placed: bool) -> None:
+    """Make shard ``t`` hold ``row_ids`` (one per row, -1 for none); ``placed``: the shard owns a row block."""
+    table = kernel.slot_table(t)
+    slots = (row_ids >= 0).nonzero().squeeze(1)
+    ids = row_ids[slots]
+    owned = ShardLayout.of(kernel.shard_info(t)).owns(ids) if placed else torch.ones_like(ids, dtype=torch.bool)
+    if bool((slots >= table.capacity).any()) or not bool(owned.all()):
+        raise ConfigError(
+            f"hash table {table.table!r}: {key!r} puts IDs on a shard that does not own them (saved with another "
+            "row-wise split or world size; rows are placed by hash(ID) % world_size). Load it with the same plan, "
+            "or move the table with torchrec_ascend.Saver, which reshards."
+        )
+    table.restore(ids.clone(), slots, torch.zeros_like(ids))

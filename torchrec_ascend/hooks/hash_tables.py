@@ -147,8 +147,29 @@ def _filter_sharding_types(original: Callable[..., List[str]]) -> Callable[..., 
     return _filter_sharding_types
 
 
+def _tables_attr(module: Any) -> str:
+    """Where a sharded collection's state_dict keys its tables: ``embedding_bags`` (EBC) or ``embeddings`` (EC)."""
+    return "embedding_bags" if hasattr(module, "embedding_bags") else "embeddings"
+
+
+def _torch_state(original: Callable[..., None]) -> Callable[..., None]:
+    def _initialize_torch_state(self: Any, skip_registering: bool = False) -> None:
+        original(self, skip_registering)
+        if not skip_registering:
+            from torchrec_ascend.checkpoint.stock import add_weight_ids
+
+            self._register_state_dict_hook(
+                lambda module, destination, prefix, _: add_weight_ids(module, destination, prefix, _tables_attr(module))
+            )
+
+    return _initialize_torch_state
+
+
 def _pre_load(original: Callable[..., None]) -> Callable[..., None]:
     def _pre_load_state_dict_hook(self: Any, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
+        from torchrec_ascend.checkpoint.stock import load_weight_ids
+
+        load_weight_ids(self, state_dict, prefix, _tables_attr(self))  # sharded FUSED hash tables' IDs
         # An unsharded hash table's ID map describes its own rows, not the shards' (placement is by hash): the
         # sharded kernels start empty and fill rows as IDs arrive. Moving trained hash tables between layouts is
         # the checkpoint Saver's job.
@@ -245,17 +266,31 @@ PATCHES = [
         wrapper=_exact_index_dedup,
     ),
     Patch.wrap(
+        name="hash.ebc_weight_ids",
+        target=f"{_EBC}._initialize_torch_state",
+        requires=TORCHREC_1_8,
+        reason="a sharded FUSED hash table's state_dict must carry the ID of every weight row (weight_id)",
+        wrapper=_torch_state,
+    ),
+    Patch.wrap(
+        name="hash.ec_weight_ids",
+        target=f"{_EC}._initialize_torch_state",
+        requires=TORCHREC_1_8,
+        reason="a sharded FUSED hash table's state_dict must carry the ID of every weight row (weight_id)",
+        wrapper=_torch_state,
+    ),
+    Patch.wrap(
         name="hash.ebc_unsharded_copy",
         target=f"{_EBC}._pre_load_state_dict_hook",
         requires=TORCHREC_1_8,
-        reason="stock loading must skip ID maps (not valid across layouts) and KEY_VALUE rows (kept in tiers)",
+        reason="stock loading must restore weight_id, skip unsharded ID maps and KEY_VALUE rows (kept in tiers)",
         wrapper=_pre_load,
     ),
     Patch.wrap(
         name="hash.ec_unsharded_copy",
         target=f"{_EC}._pre_load_state_dict_hook",
         requires=TORCHREC_1_8,
-        reason="stock loading must skip ID maps (not valid across layouts) and KEY_VALUE rows (kept in tiers)",
+        reason="stock loading must restore weight_id, skip unsharded ID maps and KEY_VALUE rows (kept in tiers)",
         wrapper=_pre_load,
     ),
     Patch.wrap(
