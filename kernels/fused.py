@@ -126,10 +126,10 @@ class HashRows:
         self._emb_module.prefetch = self.prefetch_ids  # type: ignore[attr-defined]
         self._emb_module.prefetch_pipeline = True  # type: ignore[attr-defined]  # TorchRec checks it for key_value
         self._pipeline_depth = 1
-        # Prefetched batches by their IDs tensor (kept alive, so its address stays unique): (ids, rows, pinned slots).
+        # Prefetched batches by their IDs tensor (kept alive, so its address stays unique): (ids, rows, pinned slots);
+        # rows and pins None: the batch could not be prefetched and is mapped at its lookup (and so is every later one).
         self._prefetched: "collections.OrderedDict[Tuple[int, int], Tuple[Any, Any, Any]]" = collections.OrderedDict()
         self._in_compute: List[torch.Tensor] = []  # pinned slots of the batch between its lookup and the next
-        self._prefetch_blocked = False
         self._prefetching = False  # set by the first prefetch: from then on lookups pin their batch's rows
         self._rows_lock = threading.Lock()  # prefetch (a host thread) and lookup (the compute thread) both map IDs
         self.prefetched_batches = 0  # lookups that found their rows ready
@@ -157,15 +157,18 @@ class HashRows:
             return  # variable batch sizes: rows are chosen in the lookup
         features = KeyedJaggedTensor(keys=self._feature_names, values=indices, lengths=offsets[1:] - offsets[:-1])
         self._prefetching = True
+        key = (indices.data_ptr(), indices.numel())
         with self._rows_lock:
-            per_table = self._ids_per_table(features)
-            if self._prefetch_blocked or not all(t.can_fit(ids) for t, ids in zip(self._slot_tables, per_table)):
-                self._prefetch_blocked = True  # later batches must not take rows this one will need first
-                return
-            mapped = self.map_ids(features)
-            self._prefetched[(indices.data_ptr(), indices.numel())] = (indices, mapped.values(), self._pin(mapped))
+            waiting = any(rows is None for _, rows, _ in self._prefetched.values())
+            if waiting or not all(t.can_fit(ids) for t, ids in zip(self._slot_tables, self._ids_per_table(features))):
+                self._prefetched[key] = (indices, None, None)  # later batches must not take rows this one needs first
+            else:
+                mapped = self.map_ids(features)
+                self._prefetched[key] = (indices, mapped.values(), self._pin(mapped))
             while len(self._prefetched) > self._pipeline_depth + 1:  # batches a pipeline dropped (detach, end)
-                self._release(self._prefetched.popitem(last=False)[1][2])
+                pinned = self._prefetched.popitem(last=False)[1][2]
+                if pinned is not None:
+                    self._release(pinned)
 
     def lookup_rows(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``features`` with raw IDs replaced by rows: the prefetched ones, or chosen now."""
@@ -176,16 +179,16 @@ class HashRows:
             self._release(self._in_compute)  # the previous batch's backward is done: its rows may go
             self._in_compute = []
             ready = self._prefetched.pop((values.data_ptr(), values.numel()), None)
-            if ready is not None and (ready[0] is values or torch.equal(ready[0], values)):
+            if ready is not None and ready[1] is not None and (ready[0] is values or torch.equal(ready[0], values)):
                 for t in range(len(self._slot_tables)):
                     self._write_default_row(t)  # the previous backward may have moved it since the prefetch
                 self.prefetched_batches += 1
                 mapped, self._in_compute = with_values(features, ready[1]), ready[2]
             else:
-                if ready is not None:
+                if ready is not None and ready[2] is not None:
                     self._release(ready[2])
                 mapped = self.map_ids(features)
-                self._in_compute, self._prefetch_blocked = self._pin(mapped), False
+                self._in_compute = self._pin(mapped)
             return mapped
 
     def _ids_per_table(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:

@@ -30,15 +30,23 @@ PIPELINED: List[Dict[str, Any]] = [
     {"kind": "pipeline", "sharding_type": "table_wise", "optimizer": "adagrad", "steps": 60, "depth": 6,
      "cache_rows": 192, "host_kb": 8},
 ]
+# A cache too small for the batches in flight: a batch that cannot be prefetched, and every one after it until its
+# lookup, is mapped at its lookup (in order), still bit for bit.
+CONSTRAINED: List[Dict[str, Any]] = [
+    {"kind": "pipeline", "sharding_type": "row_wise", "optimizer": "rowwise_adagrad", "steps": 60, "depth": d,
+     "cache_rows": rows, "host_kb": 8}
+    for d, rows in ((3, 32), (6, 48))
+]
 
 
 def case_id(case: Dict[str, Any]) -> str:
-    return f"{case['kind']}-{case['sharding_type']}-{case['optimizer']}-{case['steps']}-{case.get('depth', 0)}"
+    return (f"{case['kind']}-{case['sharding_type']}-{case['optimizer']}-{case['steps']}-{case.get('depth', 0)}-"
+            f"{case['cache_rows']}")
 
 
 @pytest.fixture(scope="module")
 def two_ranks() -> Dict[str, Any]:
-    cases = SHORT + PIPELINED + [{**LONG, "sharding_type": "row_wise"}]
+    cases = SHORT + PIPELINED + CONSTRAINED + [{**LONG, "sharding_type": "row_wise"}]
     return {case_id(r): r for r in run_distributed(SCRIPT, world_size=2, cases=cases, timeout=600)["results"]}
 
 
@@ -64,6 +72,15 @@ def test_behind_the_hybrid_pipeline_with_prefetch(two_ranks: Dict[str, Any], cas
     result = two_ranks[case_id(case)]
     check(result)  # rows and the dense head equal FUSED trained in a plain loop, bit for bit
     assert result["prefetched"] == result["kernels"] * case["steps"], "every lookup found its rows ready"
+
+
+@pytest.mark.parametrize("case", CONSTRAINED, ids=case_id)
+def test_behind_the_pipeline_with_a_cache_too_small_to_prefetch_every_batch(
+    two_ranks: Dict[str, Any], case: Dict[str, Any]
+) -> None:
+    result = two_ranks[case_id(case)]
+    check(result)
+    assert 0 < result["prefetched"] < result["kernels"] * case["steps"], "some batches, not all, should be prefetched"
 
 
 def test_two_ranks_row_wise_thousands_of_steps(two_ranks: Dict[str, Any]) -> None:
