@@ -146,14 +146,17 @@ def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     """Hash tables sharded every way the device supports vs. the unsharded hash module and a dict model.
 
     The script picks the kernel: dense for data_parallel replicas, FUSED otherwise. The full run adds sequence
-    tables sharded with ``use_index_dedup``. ``quick``: one pooled row-wise case.
+    tables sharded with ``use_index_dedup``, and stock ``state_dict()`` round trips through
+    torch.distributed.checkpoint (same plan per sharding type). ``quick``: one pooled row-wise case.
     """
     cases = _grid(profile, world_size, HASH_SHARDING_TYPES, lambda *_: {})
     if quick:
         return _quick(cases, ("ebc-row_wise-rowwise_adagrad",))
-    dedup = [Case({**c.params, "dedup": "index_dedup"}, c.expect) for c in cases
-             if not c.skip and c.params["kind"] == "ec" and c.params["optimizer"] == "rowwise_adagrad"]
-    return cases + dedup
+    runnable = [c for c in cases if not c.skip and c.params["optimizer"] == "rowwise_adagrad"]
+    dedup = [Case({**c.params, "dedup": "index_dedup"}, c.expect) for c in runnable if c.params["kind"] == "ec"]
+    state_dict = [Case({**c.params, "state_dict": c.params["sharding_type"]}) for c in runnable
+                  if c.params["kind"] == "ebc"]
+    return cases + dedup + state_dict
 
 
 def key_value_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:

@@ -63,11 +63,13 @@ def test_sharding_grid_is_exactly_what_the_device_supports(profile: FakeProfile,
     cases = C.sharding_cases(profile, world, quick=False)
     assert runnable_grid(cases) == expected_grid(profile, C.STOCK_SHARDING_TYPES)
     hash_cases = C.hash_table_cases(profile, world, quick=False)
-    assert runnable_grid([c for c in hash_cases if "dedup" not in c.params]) == expected_grid(
+    extras = ("dedup", "state_dict")
+    assert runnable_grid([c for c in hash_cases if not any(k in c.params for k in extras)]) == expected_grid(
         profile, C.HASH_SHARDING_TYPES)
-    dedup = sorted(c.params["sharding_type"] for c in hash_cases if "dedup" in c.params)
     rowwise = "EXACT_ROWWISE_ADAGRAD" in profile.fused_optimizers
-    assert dedup == sorted(t for t in C.HASH_SHARDING_TYPES["ec"] if t in profile.sharding_types and rowwise)
+    for extra, kind in zip(extras, ("ec", "ebc")):
+        types = sorted(c.params["sharding_type"] for c in hash_cases if extra in c.params)
+        assert types == sorted(t for t in C.HASH_SHARDING_TYPES[kind] if t in profile.sharding_types and rowwise)
     skipped = {c.params.get("optimizer") or c.params.get("kernel"): c.skip for c in cases if c.skip}
     for name, fbgemm in C.SCRIPT_OPTIMIZERS.items():
         if fbgemm not in profile.fused_optimizers:
