@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
-from typing import Iterator
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -19,12 +15,7 @@ from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.errors import ConfigError
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_rank_group() -> Iterator[None]:
-    store = os.path.join(tempfile.mkdtemp(), "store")
-    dist.init_process_group("gloo", store=dist.FileStore(store, 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def shard(optimizer: type, hashed: bool) -> DistributedModelParallel:

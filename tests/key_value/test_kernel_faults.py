@@ -6,8 +6,6 @@ from __future__ import annotations
 import errno
 import glob
 import os
-import tempfile
-from typing import Iterator
 
 import pytest
 import torch
@@ -27,12 +25,7 @@ from torchrec_ascend.kernels.walk import sharded_kernels
 CAPACITY, CACHE_ROWS, DIM = 256, 16, 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_rank_group() -> Iterator[None]:
-    store_dir = tempfile.mkdtemp()
-    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(store_dir, "store"), 1), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def model(directory: str, host_kb: float = 1.0) -> DistributedModelParallel:

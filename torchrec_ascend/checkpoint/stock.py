@@ -114,11 +114,13 @@ def load_weight_ids(module: torch.nn.Module, state_dict: Dict[str, Any], prefix:
 
     Raises:
         ConfigError: the entry has no piece for one of this rank's shards, or puts an ID on a shard that does not
-            own it (the state_dict was made with another sharding plan or world size).
+            own it (the state_dict was made with another sharding plan or world size), or ``state_dict`` holds a
+            table's rows without their IDs (e.g. a trained unsharded module's).
     """
     for name, shards in _fused_hash_shards(module).items():
         key = f"{prefix}{attr}.{name}.{WEIGHT_ID}"
         if key not in state_dict:
+            _refuse_rows_without_ids(state_dict, f"{prefix}{attr}.{name}", name)
             continue
         value = state_dict.pop(key)
         if not isinstance(value, ShardedTensor):  # data_parallel: the whole table, placed by nobody
@@ -139,6 +141,23 @@ def load_weight_ids(module: torch.nn.Module, state_dict: Dict[str, Any], prefix:
                     "table with torchrec_ascend.Saver, which reshards."
                 )
             _restore_ids(kernel, t, ids[:, 0], key, placed=True)
+
+
+def _refuse_rows_without_ids(state_dict: Dict[str, Any], table_key: str, name: str) -> None:
+    """Rows whose IDs are not in ``state_dict`` would be read as other IDs' rows: refuse them, unless they are an
+    unsharded table holding no ID yet (TorchRec loads the unsharded module's state when it shards it)."""
+    if f"{table_key}.weight" not in state_dict:
+        return
+    unsharded_ids = state_dict.get(f"{table_key}.slots.slot_ids")
+    if unsharded_ids is not None and not bool((unsharded_ids >= 0).any()):
+        return
+    held = f"holds {int((unsharded_ids >= 0).sum())} IDs in an unsharded module" if unsharded_ids is not None else (
+        f"has rows ('weight') without the ID of each row ({WEIGHT_ID!r})")
+    raise ConfigError(
+        f"hash table {name!r}: the state_dict {held}; loading it into sharded tables would lose them. Shard the "
+        "module before training it, move trained hash tables with torchrec_ascend.Saver, or leave them out of the "
+        "state_dict (dense_state_dict)."
+    )
 
 
 def _fused_hash_shards(module: torch.nn.Module) -> Dict[str, List[Tuple[HashRows, int]]]:
