@@ -27,7 +27,7 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, NoReturn
 
 import torch.distributed as dist
 from torchrec.distributed.planner import ParameterConstraints
@@ -68,7 +68,7 @@ def placement(plan: Dict[str, List[int]]) -> str:
     return " ".join(f"{table}:{'+'.join(map(str, ranks))}" for table, ranks in sorted(plan.items()))
 
 
-def rank_main(a: argparse.Namespace) -> None:
+def rank_main(a: argparse.Namespace) -> NoReturn:
     pg = init_rank()
     w = Workload.from_args(a)
     stock_batches = make_batches(w, pg.rank(), raw_ids=False)
@@ -135,8 +135,7 @@ def main() -> int:
     parser.add_argument("--sharding-types", nargs="+", default=SHARDING_TYPES, choices=SHARDING_TYPES)
     a = parser.parse_args()
     if as_rank(a):
-        rank_main(a)
-        return 0
+        rank_main(a)  # ends the process
     result = summarize(a, launch(Path(__file__), a))
     if a.json:
         write_result(a.json, result)

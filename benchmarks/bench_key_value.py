@@ -35,7 +35,7 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NoReturn, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -106,7 +106,7 @@ def snapshot(v: Variant, timers: List[TimedPolicy]) -> Dict[str, float]:
     return totals
 
 
-def rank_main(a: argparse.Namespace) -> None:
+def rank_main(a: argparse.Namespace) -> NoReturn:
     pg = init_rank()
     w = Workload.from_args(a)
     batches = make_batches(w, pg.rank(), raw_ids=True)
@@ -218,8 +218,7 @@ def main() -> int:
     parser.add_argument("--sharding-type", default="row_wise", choices=["row_wise", "table_wise"])
     a = parser.parse_args()
     if as_rank(a):
-        rank_main(a)
-        return 0
+        rank_main(a)  # ends the process
     if not 0 < a.cache_fraction <= 1:
         parser.error(f"--cache-fraction must be in (0, 1], got {a.cache_fraction}")
     result = summarize(a, launch(Path(__file__), a))

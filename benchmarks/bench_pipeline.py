@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List
+from typing import Any, Callable, Dict, Iterator, List, NoReturn
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.conformance_tests.launch import run_distributed
 from torchrec_ascend.kernels.id_map import IdMap
 from torchrec_ascend.pipeline import HybridTrainPipelineSparseDist, Stage
+from torchrec_ascend.shutdown import end_rank
 
 SCRAMBLE, INT63_MASK = 0x9E3779B97F4A7C15, (1 << 63) - 1  # as bench_id_map.py: Zipf ranks over the int64 range
 
@@ -138,7 +139,7 @@ def timed_run(make: Callable[[], Any], loader: MappedIdLoader, a: argparse.Names
     return {"steps_per_s": a.steps / seconds, "stage_ms": {k: 1000 * v for k, v in stages.items()}}
 
 
-def rank_main(a: argparse.Namespace) -> None:
+def rank_main(a: argparse.Namespace) -> NoReturn:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     pg = dist.group.WORLD
@@ -166,7 +167,7 @@ def rank_main(a: argparse.Namespace) -> None:
         with open(a.out, "w") as f:
             json.dump({"info": {"argv": sys.argv}, "results": [{"per_rank": gathered}]}, f)
     dist.barrier()
-    dist.destroy_process_group()
+    end_rank()
 
 
 def report(a: argparse.Namespace, per_rank: List[Dict[str, List[Dict[str, Any]]]]) -> None:
@@ -212,8 +213,7 @@ def main() -> int:
     a = parser.parse_args()
     if a.cases:  # a rank
         a.__dict__.update(json.loads(a.cases)[0])
-        rank_main(a)
-        return 0
+        rank_main(a)  # ends the process
     for device_ms in a.device_ms:
         settings = {k: v for k, v in vars(a).items() if k not in ("cases", "out", "device_ms")}
         settings["device_ms"] = device_ms

@@ -33,7 +33,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, NoReturn, Sequence
 
 import torch
 import torch.distributed as dist
@@ -52,6 +52,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend.conformance_tests.launch import run_distributed
 from torchrec_ascend.policies.hashing import mix64
+from torchrec_ascend.shutdown import end_rank
 
 EBC_PATH = "model.sparse_arch.embedding_bag_collection"  # where DMP finds the tables inside DLRMTrain
 COLLECTIVE_TIMEOUT_S = 300
@@ -258,12 +259,12 @@ def init_rank() -> dist.ProcessGroup:
     return dist.group.WORLD
 
 
-def finish_rank(pg: dist.ProcessGroup, out: str, result: Dict[str, Any]) -> None:
-    """Rank 0 writes ``result`` to ``out``; all ranks leave the group together."""
+def finish_rank(pg: dist.ProcessGroup, out: str, result: Dict[str, Any]) -> NoReturn:
+    """Rank 0 writes ``result`` to ``out``; all ranks leave the group together and end."""
     if pg.rank() == 0:
         Path(out).write_text(json.dumps(result))
     dist.barrier()
-    dist.destroy_process_group()
+    end_rank()
 
 
 def as_rank(args: argparse.Namespace) -> bool:

@@ -22,10 +22,9 @@ import argparse
 import datetime
 import gc
 import json
-import sys
 import tempfile
 import traceback
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -37,6 +36,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import process_group_backend, script_device
+from torchrec_ascend.shutdown import end_rank
 
 DIM = 8
 TABLES = ("user", "item")  # the cases break table "item" (feature "f_item"); "user" stays healthy
@@ -109,7 +109,7 @@ def run_case(case: Dict[str, Any], pg: Any) -> None:
             raise ValueError(f"bad_inputs.py: unknown case kind {case['kind']!r}")
 
 
-def main() -> int:
+def main() -> NoReturn:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", required=True, help="JSON list of case objects")
     parser.add_argument("--out", required=True, help="where rank 0 writes the JSON results")
@@ -132,9 +132,8 @@ def main() -> int:
         gc.collect()
     with open(args.out, "w") as f:
         json.dump({"info": {"device": script_device().type}, "results": results}, f, indent=1)
-    dist.destroy_process_group()
-    return 0
+    end_rank()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

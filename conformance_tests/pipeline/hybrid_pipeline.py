@@ -56,8 +56,9 @@ from torchrec.streamable import Pipelineable
 
 from torchrec_ascend import get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import process_group_backend, script_device
-from torchrec_ascend.conformance_tests.plugin.runner import COLLECTIVE_TIMEOUT_S, exit_without_finalizers
+from torchrec_ascend.conformance_tests.plugin.runner import COLLECTIVE_TIMEOUT_S
 from torchrec_ascend.pipeline import HybridTrainPipelineSparseDist, PipelineStageError
+from torchrec_ascend.shutdown import end_rank
 
 POOLED_TABLES = [("t0", 64, 8), ("t1", 96, 8)]  # name, rows, dim
 SEQUENCE_TABLES = [("s0", 80, 8)]
@@ -411,8 +412,7 @@ def main() -> int:
         with open(args.out, "w") as f:
             json.dump({"info": {"argv": sys.argv, "device": script_device().type}, "results": results}, f, indent=1)
     dist.barrier()  # no rank tears down its connections while another still talks to it
-    dist.destroy_process_group()
-    exit_without_finalizers()
+    end_rank()
 
 
 if __name__ == "__main__":

@@ -16,8 +16,6 @@ import argparse
 import datetime
 import gc
 import json
-import os
-import sys
 import traceback
 from typing import Any, Callable, Dict, List, NoReturn, Sequence
 
@@ -25,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from torchrec_ascend.conformance_tests.launch import process_group_backend, script_device
+from torchrec_ascend.shutdown import end_rank
 
 COLLECTIVE_TIMEOUT_S = 120
 
@@ -73,13 +72,4 @@ def main(
         with open(args.out, "w") as f:
             json.dump({"info": info, "results": results}, f, indent=1)
     dist.barrier()  # no rank tears down its connections while another still talks to it
-    dist.destroy_process_group()
-    exit_without_finalizers()
-
-
-def exit_without_finalizers(code: int = 0) -> NoReturn:
-    """End the rank now: the results are written, and interpreter finalization with torch's communication threads
-    still alive can abort the process ("terminate called without an active exception") after the work is done."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    end_rank()

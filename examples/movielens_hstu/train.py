@@ -52,6 +52,7 @@ from torchrec_ascend import HybridTrainPipelineSparseDist, Saver
 from torchrec_ascend.checkpoint import dense_state_dict
 from torchrec_ascend.datasets import leave_one_out, load_movielens_100k
 from torchrec_ascend.policies.registry import find_policy
+from torchrec_ascend.shutdown import end_rank
 
 
 # Known, harmless notices from TorchRec 1.8 internals (deprecated DDP argument, ShardedTensor in state_dict, fx
@@ -236,7 +237,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         print(f"\nsetup {setup_s:.0f} s, training {train_s:.0f} s, total {total_s:.0f} s; wrote {args.out}/"
               f"{{metrics.json,training.png,checkpoint/}}")
     dist.barrier()
-    dist.destroy_process_group()
+    end_rank()  # ends the process: gloo's threads can abort interpreter shutdown after the work is done
 
 
 if __name__ == "__main__":
