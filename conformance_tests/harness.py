@@ -2,16 +2,12 @@
 
 A check module derives its cases from the suite settings (``cases.py``), parametrizes its test with them
 (:func:`parametrize` from ``pytest_generate_tests``), launches its script once in a module-scoped fixture
-(:func:`launch`) and reads each case's result in the test (:func:`result_of`). Skipped cases never launch anything.
+(:func:`launch`) and reads each case's result in the test (:func:`result_of`); :func:`script_check` makes the hook
+and the fixture. Skipped cases never launch anything.
 
 Example::
 
-    def pytest_generate_tests(metafunc):
-        parametrize(metafunc, lambda suite: hash_table_cases(suite.profile, suite.world_size, suite.quick))
-
-    @pytest.fixture(scope="module")
-    def run(suite):
-        return launch(suite, SCRIPT, cases_of(suite))
+    pytest_generate_tests, run = script_check(SCRIPT, cases_of)
 
     def test_case(case, request):
         result = result_of(request, "run", case)
@@ -20,7 +16,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -33,6 +29,23 @@ def parametrize(metafunc: Any, derive: Callable[[SuiteConfig], List[Case]], name
     if name in metafunc.fixturenames:
         cases = derive(SuiteConfig.from_pytest(metafunc.config))
         metafunc.parametrize(name, cases, ids=[c.id for c in cases])
+
+
+def script_check(
+    script: Path, cases_of: Callable[[SuiteConfig], List[Case]], world_size: Optional[int] = None,
+    fixture: str = "run",
+) -> Tuple[Callable[[Any], None], Any]:
+    """A check module's ``pytest_generate_tests`` (the ``case`` argument takes ``cases_of``'s cases) and its
+    module-scoped fixture ``fixture``, which launches ``script`` once for them (see :func:`launch`)."""
+
+    def pytest_generate_tests(metafunc: Any) -> None:
+        parametrize(metafunc, cases_of)
+
+    @pytest.fixture(scope="module", name=fixture)
+    def run(suite: SuiteConfig) -> ScriptRun:
+        return launch(suite, script, cases_of(suite), world_size)
+
+    return pytest_generate_tests, run
 
 
 def launch(suite: SuiteConfig, script: Path, cases: List[Case], world_size: Optional[int] = None,

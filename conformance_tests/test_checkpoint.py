@@ -12,11 +12,9 @@ import importlib
 from pathlib import Path
 from typing import Any, List
 
-import pytest
-
 from torchrec_ascend.conformance_tests.cases import Case
-from torchrec_ascend.conformance_tests.config import ScriptRun, SuiteConfig
-from torchrec_ascend.conformance_tests.harness import launch, parametrize, result_of
+from torchrec_ascend.conformance_tests.config import SuiteConfig
+from torchrec_ascend.conformance_tests.harness import result_of, script_check
 
 SCRIPT = Path(__file__).parent / "plugin" / "checkpoint.py"
 MODULE = "torchrec_ascend.conformance_tests.plugin.checkpoint"
@@ -41,13 +39,7 @@ def cases_of(suite: SuiteConfig) -> List[Case]:
     return [Case(dict(params)) for params in module.conformance_cases(suite.world_size, suite.quick)]
 
 
-def pytest_generate_tests(metafunc: Any) -> None:
-    parametrize(metafunc, cases_of)
-
-
-@pytest.fixture(scope="module")
-def run(suite: SuiteConfig) -> ScriptRun:
-    return launch(suite, SCRIPT, cases_of(suite))
+pytest_generate_tests, run = script_check(SCRIPT, cases_of)
 
 
 def test_case(case: Case, request: Any) -> None:

@@ -18,8 +18,8 @@ from typing import Any, List
 import pytest
 
 from torchrec_ascend.conformance_tests.cases import Case, error_cases
-from torchrec_ascend.conformance_tests.config import ScriptRun, SuiteConfig
-from torchrec_ascend.conformance_tests.harness import launch, parametrize, result_of
+from torchrec_ascend.conformance_tests.config import SuiteConfig
+from torchrec_ascend.conformance_tests.harness import result_of, script_check
 from torchrec_ascend.errors import ConfigError
 
 SCRIPT = Path(__file__).parent / "errors" / "bad_inputs.py"
@@ -30,13 +30,7 @@ def cases_of(suite: SuiteConfig) -> List[Case]:
     return error_cases(suite.profile, suite.quick)
 
 
-def pytest_generate_tests(metafunc: Any) -> None:
-    parametrize(metafunc, cases_of)
-
-
-@pytest.fixture(scope="module")
-def run(suite: SuiteConfig) -> ScriptRun:
-    return launch(suite, SCRIPT, cases_of(suite), world_size=1)
+pytest_generate_tests, run = script_check(SCRIPT, cases_of, world_size=1)
 
 
 def test_case(case: Case, request: Any) -> None:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from typing import Any, List
 
-import pytest
-
 from torchrec_ascend.conformance_tests.cases import Case, sharding_cases
 from torchrec_ascend.conformance_tests.config import ScriptRun, SuiteConfig
-from torchrec_ascend.conformance_tests.harness import launch, parametrize, result_of
+from torchrec_ascend.conformance_tests.harness import result_of, script_check
 from torchrec_ascend.conformance_tests.launch import STOCK_SCRIPTS
 
 SCRIPT = STOCK_SCRIPTS / "sharding_matrix.py"
@@ -27,13 +25,7 @@ def cases_of(suite: SuiteConfig) -> List[Case]:
     return sharding_cases(suite.profile, suite.world_size, suite.quick)
 
 
-def pytest_generate_tests(metafunc: Any) -> None:
-    parametrize(metafunc, cases_of)
-
-
-@pytest.fixture(scope="module")
-def matrix(suite: SuiteConfig) -> ScriptRun:
-    return launch(suite, SCRIPT, cases_of(suite))
+pytest_generate_tests, matrix = script_check(SCRIPT, cases_of, fixture="matrix")
 
 
 def test_entry_point_activated_the_plugin(matrix: ScriptRun) -> None:

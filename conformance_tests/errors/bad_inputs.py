@@ -18,8 +18,6 @@ names what it must.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import gc
 import json
 import tempfile
@@ -27,7 +25,6 @@ import traceback
 from typing import Any, Dict, NoReturn, Optional
 
 import torch
-import torch.distributed as dist
 import torchrec
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -35,13 +32,13 @@ from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
-from torchrec_ascend.conformance_tests.launch import process_group_backend, script_device
+from torchrec_ascend.conformance_tests.launch import script_device
+from torchrec_ascend.conformance_tests.plugin.runner import start_rank
 from torchrec_ascend.shutdown import end_rank
 
 DIM = 8
 TABLES = ("user", "item")  # the cases break table "item" (feature "f_item"); "user" stays healthy
 CAPACITY = 64
-COLLECTIVE_TIMEOUT_S = 120
 
 
 def make_module(**item_options: Any) -> torch.nn.Module:
@@ -110,13 +107,7 @@ def run_case(case: Dict[str, Any], pg: Any) -> None:
 
 
 def main() -> NoReturn:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", required=True, help="JSON list of case objects")
-    parser.add_argument("--out", required=True, help="where rank 0 writes the JSON results")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group(process_group_backend(), timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    pg = dist.group.WORLD
+    args, pg = start_rank(__doc__)
     if pg.size() != 1:
         raise SystemExit("bad_inputs.py runs on one rank (a case raising on one rank of several would hang the rest)")
     results = []

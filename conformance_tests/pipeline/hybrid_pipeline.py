@@ -31,9 +31,7 @@ per case; numbers are the worst over ranks.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import datetime
 import gc
 import json
 import sys
@@ -55,8 +53,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
 from torchrec_ascend import get_default_hybrid_sharders
-from torchrec_ascend.conformance_tests.launch import process_group_backend, script_device
-from torchrec_ascend.conformance_tests.plugin.runner import COLLECTIVE_TIMEOUT_S
+from torchrec_ascend.conformance_tests.launch import script_device
+from torchrec_ascend.conformance_tests.plugin.runner import start_rank
 from torchrec_ascend.pipeline import HybridTrainPipelineSparseDist, PipelineStageError
 from torchrec_ascend.shutdown import end_rank
 
@@ -396,13 +394,7 @@ def run_case(case: Dict[str, Any], ref: _Reference, pg: dist.ProcessGroup) -> Di
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", required=True, help="JSON list of case objects")
-    parser.add_argument("--out", required=True, help="where rank 0 writes the JSON results")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    dist.init_process_group(process_group_backend(), timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    pg = dist.group.WORLD
+    args, pg = start_rank(__doc__)
     ref = _Reference(pg)
     results = []
     for case in json.loads(args.cases):

@@ -17,7 +17,7 @@ import datetime
 import gc
 import json
 import traceback
-from typing import Any, Callable, Dict, List, NoReturn, Sequence
+from typing import Any, Callable, Dict, List, NoReturn, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -41,6 +41,18 @@ def merge(gathered: List[Dict[str, Any]], worst: Sequence[str], totals: Sequence
     return merged
 
 
+def start_rank(description: str) -> Tuple[argparse.Namespace, Any]:
+    """Parse a script's ``--cases`` / ``--out``, give the rank one thread, join the default process group (with a
+    timeout: a rank that fails mid-case must not hang the others in a collective)."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
+    parser.add_argument("--cases", required=True, help="JSON list of case objects")
+    parser.add_argument("--out", required=True, help="where rank 0 writes the JSON results")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group(process_group_backend(), timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    return args, dist.group.WORLD
+
+
 def main(
     description: str,
     run_case: Callable[[Dict[str, Any], Any], Dict[str, Any]],
@@ -48,14 +60,7 @@ def main(
     totals: Sequence[str] = (),
 ) -> NoReturn:
     """Run every ``--cases`` case with ``run_case`` on this rank, let rank 0 write the merged results, exit."""
-    parser = argparse.ArgumentParser(description=description.splitlines()[0])
-    parser.add_argument("--cases", required=True, help="JSON list of case objects")
-    parser.add_argument("--out", required=True, help="where rank 0 writes the JSON results")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    backend = process_group_backend()
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    pg = dist.group.WORLD
+    args, pg = start_rank(description)
     results = []
     for case in json.loads(args.cases):
         try:
@@ -68,7 +73,7 @@ def main(
         results.append(merge(gathered, worst, totals))
         gc.collect()  # free the case's sharded modules (and their threads) while the group is alive
     if dist.get_rank() == 0:
-        info = {"world_size": pg.size(), "device": script_device().type, "backend": backend}
+        info = {"world_size": pg.size(), "device": script_device().type, "backend": dist.get_backend(pg)}
         with open(args.out, "w") as f:
             json.dump({"info": info, "results": results}, f, indent=1)
     dist.barrier()  # no rank tears down its connections while another still talks to it
