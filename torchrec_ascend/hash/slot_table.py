@@ -90,6 +90,8 @@ class SlotTable(torch.nn.Module):
         self.register_buffer("last_used", torch.full((self.capacity,), -(2**62), dtype=torch.int64))
         # Batches in flight (prefetched, or in compute) pin their rows; a row is evictable only at zero pins.
         self.register_buffer("pins", torch.zeros(self.capacity, dtype=torch.int32), persistent=False)
+        # Scratch for counting hits without a per-batch allocation of the table's size: all False between batches.
+        self.register_buffer("new_mark", torch.zeros(self.capacity, dtype=torch.bool), persistent=False)
         try:
             self.eviction = (
                 create_eviction_policy(spec.eviction_policy, self.capacity, **dict(spec.eviction_options))
@@ -202,11 +204,10 @@ class SlotTable(torch.nn.Module):
         self.step += 1
         slots, is_new = self.id_map.insert_or_lookup(ids)
         new_ids, new_slots = ids[is_new], slots[is_new]
-        fresh = torch.zeros(self.capacity + 1, dtype=torch.bool)  # the last entry stands for "no row" (-1)
-        fresh[new_slots] = True
-        fresh[-1] = True
         self.counters["lookups"] += ids.numel()
-        self.counters["hits"] += int((~fresh[slots]).sum())  # a new ID's repeats in its own batch are not hits
+        self.new_mark[new_slots] = True  # a new ID's repeats in its own batch are not hits
+        self.counters["hits"] += int(((slots >= 0) & ~self.new_mark[slots.clamp(min=0)]).sum())
+        self.new_mark[new_slots] = False
         if bool((slots < 0).any()):
             self.id_map.remove(new_ids)  # the batch fails whole: no ID keeps a row it never had filled
             needed = new_ids.numel() + ops.hash_unique(ids[slots < 0])[0].numel()
