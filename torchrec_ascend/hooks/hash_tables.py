@@ -7,6 +7,8 @@
   hash-placement input dist, and sharding types a hash table cannot use are refused with the table's name.
 * The planner never proposes those sharding types for a hash table.
 * ``EmbeddingCollectionSharder(use_index_dedup=True)`` dedups per table (exact for raw IDs, and on CPU).
+* A sharded FUSED hash table's ``state_dict()`` carries ``weight_id`` (the ID of every weight row), which stock
+  loading restores (see :mod:`torchrec_ascend.checkpoint.stock`).
 """
 
 from __future__ import annotations
@@ -171,8 +173,8 @@ def _pre_load(original: Callable[..., None]) -> Callable[..., None]:
 
         load_weight_ids(self, state_dict, prefix, _tables_attr(self))  # sharded FUSED hash tables' IDs
         # An unsharded hash table's ID map describes its own rows, not the shards' (placement is by hash): the
-        # sharded kernels start empty and fill rows as IDs arrive. Moving trained hash tables between layouts is
-        # the checkpoint Saver's job.
+        # sharded kernels start empty and fill rows as IDs arrive (a map holding IDs was refused above). Moving
+        # trained hash tables between layouts is the checkpoint Saver's job.
         for key in [k for k in state_dict if k.startswith(prefix) and ".slots." in k]:
             del state_dict[key]
         plan = getattr(self, "module_sharding_plan", {})
