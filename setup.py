@@ -8,6 +8,7 @@ Folder -> import name (see README, "Layout"):
 """
 
 from pathlib import Path
+from typing import List
 
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
@@ -30,20 +31,25 @@ def packages_and_dirs():
     return packages, package_dir
 
 
+def native_extension(name: str, folder: str) -> List[CppExtension]:
+    """The extension ``name`` built from every ``*.cpp`` under ``folder`` (none if the folder has no sources).
+
+    No ``-std=`` flag: BuildExtension then adds the standard of the installed torch's own build (``-std=c++20`` for
+    torch 2.13 and 2.14; 2.14's headers refuse anything older), so one setup.py builds against every supported torch.
+    An explicit ``-std=`` would stop BuildExtension from adding its own.
+    """
+    sources = sorted(str(p) for p in Path(folder).rglob("*.cpp"))
+    return [CppExtension(name, sources, extra_compile_args=["-O3"])] if sources else []
+
+
 packages, package_dir = packages_and_dirs()
-native_sources = sorted(str(p) for p in Path("kernels/csrc").rglob("*.cpp"))
 
 setup(
     packages=packages,
     package_dir=package_dir,
+    # One line per native library.
     ext_modules=[
-        CppExtension(
-            "torchrec_ascend.kernels._C",
-            native_sources,
-            extra_compile_args=["-O3", "-std=c++17"],
-        )
-    ]
-    if native_sources
-    else [],
+        *native_extension("torchrec_ascend.kernels._C", "kernels/csrc"),
+    ],
     cmdclass={"build_ext": BuildExtension},
 )
