@@ -31,7 +31,7 @@ from torchrec_ascend.backends.profile import (
     StreamSpec,
     TbeSpec,
 )
-from torchrec_ascend.errors import BackendError
+from torchrec_ascend.errors import BackendError, PluginError
 
 __all__ = [
     "DeviceProfile",
@@ -84,6 +84,11 @@ def _collect() -> Tuple[Dict[str, DeviceProfile], Dict[str, DeviceProfile]]:
     found: Dict[str, DeviceProfile] = {}
     origin: Dict[str, str] = {}
     for profile, info in manager.collect("torchrec_ascend_device_backends"):
+        if not isinstance(profile, DeviceProfile):
+            raise PluginError(
+                f"plugin {info.name!r} ({info.distribution}) returned {type(profile).__name__} from "
+                f"torchrec_ascend_device_backends; it must return DeviceProfile objects"
+            )
         if profile.name in found:
             raise BackendError(
                 f"device backend {profile.name!r} is provided twice: by plugin {origin[profile.name]!r} and by "

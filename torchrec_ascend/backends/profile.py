@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Mapping, Optional, Tuple
 
+from torchrec_ascend.backends.validation import validate_profile
+
 #: The device type TorchRec's allow-lists grant every sharding type and compute kernel to. A device gets the
 #: entries of these lists that its profile declares (see :mod:`torchrec_ascend.hooks.sharding_allowlist`).
 TORCHREC_REFERENCE_DEVICE = "cuda"
@@ -91,6 +93,10 @@ class DeviceProfile:
             deep-copied by ``DistributedModelParallel.copy()`` (H5). Resolved only once their module is imported.
         installed_with: pip requirement that provides the device stack, shown in error messages.
 
+    Raises:
+        ConfigError: a field is malformed or names something TorchRec/fbgemm does not know (the message names the
+            profile and the field; see :mod:`torchrec_ascend.backends.validation`).
+
     Example::
 
         DeviceProfile(name="cpu", device_type="cpu", description="CPU", collective_backend="gloo", priority=0,
@@ -116,3 +122,7 @@ class DeviceProfile:
     kernel_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     process_group_classes: Tuple[str, ...] = ()
     installed_with: str = ""
+
+    def __post_init__(self) -> None:
+        # A misspelled name would otherwise be dropped silently by the allow-list hooks.
+        validate_profile(self)
