@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, List, Set
 
 from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.hooks.versions import TORCHREC_1_8
+from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.injection.patch import Patch
 
 _MODULES = "torchrec.modules.embedding_modules"
@@ -221,91 +221,91 @@ PATCHES = [
     Patch.wrap(
         name="hash.ebc_lookups",
         target=f"{_MODULES}:EmbeddingBagCollection.__init__",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="an unsharded EmbeddingBagCollection must look hash configs up by raw ID",
         wrapper=_collection_init("embedding_bags"),
     ),
     Patch.wrap(
         name="hash.ec_lookups",
         target=f"{_MODULES}:EmbeddingCollection.__init__",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="an unsharded EmbeddingCollection must look hash configs up by raw ID",
         wrapper=_collection_init("embeddings"),
     ),
     Patch.wrap(
         name="hash.ebc_table_specs",
         target=f"{_EBC}.create_grouped_sharding_infos",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="a hash table's options must reach its kernel (via per-table fused_params)",
         wrapper=_pooled_infos,
     ),
     Patch.wrap(
         name="hash.ec_table_specs",
         target=f"{_EC}.create_grouped_sharding_infos",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="a hash table's options must reach its kernel (via per-table fused_params)",
         wrapper=_sequence_infos,
     ),
     Patch.wrap(
         name="hash.ebc_row_wise",
         target=f"{_EBC}.create_embedding_bag_sharding",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="row-wise hash tables are placed by hash(ID) % world_size, not by row range",
         wrapper=_pooled_sharding,
     ),
     Patch.wrap(
         name="hash.ec_row_wise",
         target=f"{_EC}.create_embedding_sharding",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="row-wise hash tables are placed by hash(ID) % world_size, not by row range",
         wrapper=_sequence_sharding,
     ),
     Patch.wrap(
         name="hash.ec_index_dedup",
         target=f"{_EC}._dedup_indices",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="use_index_dedup linearizes IDs by num_embeddings (raw hash IDs of two tables merge) and has no CPU op",
         wrapper=_exact_index_dedup,
     ),
     Patch.wrap(
         name="hash.ebc_weight_ids",
         target=f"{_EBC}._initialize_torch_state",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="a sharded FUSED hash table's state_dict must carry the ID of every weight row (weight_id)",
         wrapper=_torch_state,
     ),
     Patch.wrap(
         name="hash.ec_weight_ids",
         target=f"{_EC}._initialize_torch_state",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="a sharded FUSED hash table's state_dict must carry the ID of every weight row (weight_id)",
         wrapper=_torch_state,
     ),
     Patch.wrap(
         name="hash.ebc_unsharded_copy",
         target=f"{_EBC}._pre_load_state_dict_hook",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="stock loading must restore weight_id, skip unsharded ID maps and KEY_VALUE rows (kept in tiers)",
         wrapper=_pre_load,
     ),
     Patch.wrap(
         name="hash.ec_unsharded_copy",
         target=f"{_EC}._pre_load_state_dict_hook",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="stock loading must restore weight_id, skip unsharded ID maps and KEY_VALUE rows (kept in tiers)",
         wrapper=_pre_load,
     ),
     Patch.wrap(
         name="hash.planner_tables",
         target=f"{_ENUMERATOR}.enumerate",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="the planner must know which tables are hash tables",
         wrapper=_enumerate,
     ),
     Patch.wrap(
         name="hash.planner_sharding_types",
         target=f"{_ENUMERATOR}._filter_sharding_types",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="never propose a sharding type a hash table cannot use",
         wrapper=_filter_sharding_types,
     ),

@@ -15,7 +15,7 @@ import importlib
 from typing import Any, Callable, Optional, Type
 
 from torchrec_ascend import backends
-from torchrec_ascend.hooks.versions import TORCHREC_1_8
+from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.injection.patch import Patch
 
 _LOOKUP = "torchrec.distributed.embedding_lookup"
@@ -126,14 +126,14 @@ PATCHES = [
     Patch.wrap(
         name="h2.pooled_kernel_factory",
         target=f"{_LOOKUP}:GroupedPooledEmbeddingsLookup._create_embedding_kernel",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="build our hash, KEY_VALUE and device-fix kernels for EmbeddingBagCollection lookups",
         wrapper=_pooled_factory,
     ),
     Patch.wrap(
         name="h2.sequence_kernel_factory",
         target=f"{_LOOKUP}:GroupedEmbeddingsLookup._create_embedding_kernel",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="build our hash, KEY_VALUE and device-fix kernels for EmbeddingCollection lookups",
         wrapper=_sequence_factory,
     ),

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 from torchrec_ascend import backends
 from torchrec_ascend.backends.profile import DeviceProfile
-from torchrec_ascend.hooks.versions import TORCHREC_1_8
+from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.injection.patch import Patch
 
 _PIPELINES = "torchrec.distributed.train_pipeline.train_pipelines"
@@ -124,7 +124,7 @@ def _init_patch(module: str, cls: str, wrapper: Callable[[Any], Any] = _after_in
     return Patch.wrap(
         name=f"h4.streams_{cls}",
         target=f"{module}:{cls}.__init__",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason=f"{cls} creates streams only for cuda/mtia; fill them from the device profile",
         wrapper=wrapper,
     )
@@ -140,7 +140,7 @@ PATCHES = [
     Patch.wrap(
         name="h4.comm_record_stream",
         target="torchrec.distributed.comm_ops:Request._wait_impl",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="collective outputs are recorded on the consumer stream only for cuda",
         wrapper=_wait_impl,
     ),

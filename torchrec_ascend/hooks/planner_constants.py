@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Dict, Tuple
 
 from torchrec_ascend import backends
-from torchrec_ascend.hooks.versions import TORCHREC_1_8
+from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.injection.patch import Patch, Undo, resolve, set_attribute
 
 
@@ -46,7 +46,7 @@ PATCHES = [
     Patch(
         name="h3.kernel_device_bandwidths",
         target="torchrec.distributed.planner.estimator.types:HardwarePerfConfig.kernel_device_bandwidths",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="the perf estimator has no bandwidth for key_value on cpu nor for any kernel on npu",
         apply_fn=_apply,
     ),

@@ -16,7 +16,7 @@ import sys
 from typing import Any, Callable, List, Optional
 
 from torchrec_ascend import backends
-from torchrec_ascend.hooks.versions import TORCHREC_1_8
+from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.injection.patch import Patch, set_attribute
 
 # Device-independent c10d classes whose instances a sharded module may hold.
@@ -105,14 +105,14 @@ PATCHES = [
     Patch.wrap(
         name="h5.model_copy_enter",
         target="torchrec.distributed.utils:sharded_model_copy.__enter__",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="DMP.copy() names ProcessGroupNCCL and torch.cuda streams, absent on CPU-only and NPU torch builds",
         wrapper=_enter,
     ),
     Patch.wrap(
         name="h5.model_copy_exit",
         target="torchrec.distributed.utils:sharded_model_copy.__exit__",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="undo exactly what the patched __enter__ marked",
         wrapper=_exit,
     ),

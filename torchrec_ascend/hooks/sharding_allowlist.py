@@ -18,12 +18,9 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from torchrec_ascend import backends
 from torchrec_ascend.backends.profile import TORCHREC_REFERENCE_DEVICE, DeviceProfile
-from torchrec_ascend.hooks.versions import TORCHREC_1_8
+from torchrec_ascend.hooks.versions import TORCHREC, TORCHREC_FBGEMM
 from torchrec_ascend.injection.patch import Patch
 
-# Row-wise, table-row-wise and grid sharding on CPU rely on fbgemm's CPU block_bucketize_sparse_features and CPU TBE
-# behaving as in fbgemm 1.8 (checked by the stock matrix); the CPU and CUDA builds are different distributions.
-TORCHREC_FBGEMM_1_8 = {**TORCHREC_1_8, "fbgemm-gpu|fbgemm-gpu-cpu": ">=1.8.0,<1.9"}
 
 _SHARDER = "torchrec.distributed.embedding_types:BaseEmbeddingSharder"
 _FUSED_SHARDER = "torchrec.distributed.fused_embeddingbag:FusedEmbeddingBagCollectionSharder"
@@ -163,70 +160,70 @@ PATCHES = [
     Patch.wrap(
         name="h1.sharder_sharding_types",
         target=f"{_SHARDER}.sharding_types",
-        requires=TORCHREC_FBGEMM_1_8,
+        requires=TORCHREC_FBGEMM,
         reason="row-wise/table-row-wise/grid sharding are refused outside cuda by an allow-list, not by capability",
         wrapper=_sharding_types,
     ),
     Patch.wrap(
         name="h1.sharder_compute_kernels",
         target=f"{_SHARDER}.compute_kernels",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="key_value (and accelerator kernels) are offered only on cuda; the profile lists each device's",
         wrapper=_compute_kernels,
     ),
     Patch.wrap(
         name="h1.fused_sharder_sharding_types",
         target=f"{_FUSED_SHARDER}.sharding_types",
-        requires=TORCHREC_FBGEMM_1_8,
+        requires=TORCHREC_FBGEMM,
         reason="FusedEmbeddingBagCollectionSharder allows row-wise/table-row-wise on cuda only",
         wrapper=_sharding_types,
     ),
     Patch.wrap(
         name="h1.fused_sharder_compute_kernels",
         target=f"{_FUSED_SHARDER}.compute_kernels",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="FusedEmbeddingBagCollectionSharder gates its kernels on cuda; the profile lists each device's",
         wrapper=_compute_kernels,
     ),
     Patch.wrap(
         name="h1.mc_sharder_compute_kernels",
         target=f"{_MC_SHARDER}.compute_kernels",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="the managed-collision sharder offers UVM kernels on every device; keep the device's own",
         wrapper=_device_filtered_kernels,
     ),
     Patch.wrap(
         name="h1.topology_device_alias",
         target="torchrec.distributed.planner.types:Topology.__init__",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="Topology asserts compute_device in cpu/cuda/mtia; plan other accelerators with cuda's HBM rules",
         wrapper=_topology_init,
     ),
     Patch.wrap(
         name="h1.plan_placement_device",
         target="torchrec.distributed.planner.planners:to_sharding_plan",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="placements of an aliased device must name the real device (rank:r/npu:i)",
         wrapper=_to_sharding_plan,
     ),
     Patch.wrap(
         name="h1.explicit_plan_placement",
         target="torchrec.distributed.sharding_plan:placement",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="explicit plans give an aliased device no index (rank:r/npu), which ShardedTensor rejects",
         wrapper=_placement,
     ),
     Patch.wrap(
         name="h1.planner_default_device",
         target="torchrec.distributed.planner.planners:get_device_type",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="a planner built without a topology must default to the active backend's device",
         wrapper=_get_device_type,
     ),
     Patch.wrap(
         name="h1.sharding_plan_default_device",
         target="torchrec.distributed.sharding_plan:get_device_type",
-        requires=TORCHREC_1_8,
+        requires=TORCHREC,
         reason="construct_module_sharding_plan without a device must default to the active backend's device",
         wrapper=_get_device_type,
     ),

@@ -64,7 +64,7 @@ from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSpa
 from torchrec.distributed.train_pipeline.types import PipelineState
 
 from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.hooks.versions import TORCHREC_1_8
+from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.pipeline import host_stages, input_dist, sizing
 from torchrec_ascend.pipeline.host_stages import BatchInFlight, Source
 from torchrec_ascend.pipeline.lanes import HostLanes, ModuleWorkers, StageClock, thread_prefix
@@ -370,7 +370,7 @@ def _with_detail(err: PipelineStageError, detail: str) -> PipelineStageError:
 
 
 def _check_torchrec_version() -> None:
-    installed, supported = version("torchrec"), TORCHREC_1_8["torchrec"]
+    installed, supported = version("torchrec"), TORCHREC["torchrec"]
     if installed not in SpecifierSet(supported):
         raise ConfigError(
             f"HybridTrainPipelineSparseDist drives TorchRec's pipeline internals and was written for torchrec "
