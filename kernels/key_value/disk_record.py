@@ -6,19 +6,24 @@ Layout of one record (little-endian), ``8 * words`` bytes::
     word 1        the checksum
     words 2..     the row's bytes, zero-padded to a multiple of 8
 
-The checksum is ``SEED + sum_j word_j * M_j (mod 2**64)`` over every word but the checksum itself, with a fixed odd
-multiplier ``M_j`` per position. An odd multiplier is invertible modulo 2**64, so any change confined to one word
-(every single-bit flip) changes the sum; position-dependent multipliers catch swapped words; the nonzero ``SEED``
-makes an all-zero record (a hole in a sparse or zero-filled file) invalid. It is computed for a whole batch with
-one uint64 matrix-vector product (wrapping arithmetic, defined in numpy). It detects corruption, not tampering.
+The checksum is ``SEED + (location + 1) * M_loc + sum_j word_j * M_j (mod 2**64)`` over every word but the checksum
+itself, with a fixed odd multiplier ``M_j`` per position. An odd multiplier is invertible modulo 2**64, so any
+change confined to one word (every single-bit flip) changes the sum; position-dependent multipliers catch swapped
+words; the record's location in the store (a number the store gives each record place) binds it to its place, so
+a record copied or moved elsewhere (shuffled, duplicated) fails too; the nonzero ``SEED`` makes an all-zero record
+(a hole in a sparse or zero-filled file) invalid. It is computed for a whole batch with one uint64 matrix-vector
+product (wrapping arithmetic, defined in numpy). It detects corruption, not tampering.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 import torch
 
 SEED = np.uint64(0x9E3779B97F4A7C15)
+LOCATION_MULTIPLIER = np.uint64(0xD6E8FEB86659FD93)
 _MASK = (1 << 64) - 1
 
 
@@ -58,6 +63,7 @@ class RecordFormat:
         records = fmt.encode(torch.tensor([7]), torch.tensor([[1.0, -0.0, float("nan")]]))
         fmt.damaged(records, torch.tensor([7]))  # array([False])
         fmt.decode(records)  # the same bytes back
+        fmt.seal(records, np.array([5]))  # the same record, stored at location 5
     """
 
     def __init__(self, width: int, dtype: torch.dtype) -> None:
@@ -68,21 +74,33 @@ class RecordFormat:
         self.nbytes = 8 * self.words
         self._multipliers = multipliers(self.words)
 
-    def checksums(self, records: np.ndarray) -> np.ndarray:
-        """Checksum of each record, uint64 ``[n]``, from records uint64 ``[n, words]``."""
-        return records @ self._multipliers + SEED
+    def checksums(self, records: np.ndarray, locations: Optional[np.ndarray] = None) -> np.ndarray:
+        """Checksum of each record, uint64 ``[n]``, from records uint64 ``[n, words]`` stored at ``locations``
+        (int64 ``[n]``; ``None``: location 0 each)."""
+        sums = records @ self._multipliers + SEED
+        if locations is not None:
+            sums += (locations.astype(np.uint64) + np.uint64(1)) * LOCATION_MULTIPLIER
+        else:
+            sums += LOCATION_MULTIPLIER
+        return sums
 
-    def encode(self, keys: torch.Tensor, rows: torch.Tensor) -> np.ndarray:
-        """Records for ``keys`` (int64 ``[n]``) and ``rows`` (contiguous ``[n, width]``): uint64 ``[n, words]``."""
+    def encode(self, keys: torch.Tensor, rows: torch.Tensor, locations: Optional[np.ndarray] = None) -> np.ndarray:
+        """Records for ``keys`` (int64 ``[n]``) and ``rows`` (contiguous ``[n, width]``) stored at ``locations``
+        (see :meth:`checksums`): uint64 ``[n, words]``."""
         records = np.zeros((keys.numel(), self.words), dtype=np.uint64)
         records[:, 0] = keys.numpy().view(np.uint64)
         records.view(np.uint8)[:, 16 : 16 + self.row_bytes] = rows.view(torch.uint8).numpy()
-        records[:, 1] = self.checksums(records)
+        return self.seal(records, locations)
+
+    def seal(self, records: np.ndarray, locations: Optional[np.ndarray] = None) -> np.ndarray:
+        """Set the checksum of ``records`` (in place) for storing them at ``locations``; returns ``records``."""
+        records[:, 1] = self.checksums(records, locations)
         return records
 
-    def damaged(self, records: np.ndarray, keys: torch.Tensor) -> np.ndarray:
-        """Bool ``[n]``: the record fails its checksum or holds another key than the one expected."""
-        return (records[:, 1] != self.checksums(records)) | (records[:, 0] != keys.numpy().view(np.uint64))
+    def damaged(self, records: np.ndarray, keys: torch.Tensor, locations: Optional[np.ndarray] = None) -> np.ndarray:
+        """Bool ``[n]``: the record fails its checksum (at ``locations``) or holds another key than expected."""
+        wrong_key = records[:, 0] != keys.numpy().view(np.uint64)
+        return (records[:, 1] != self.checksums(records, locations)) | wrong_key
 
     def decode(self, records: np.ndarray) -> torch.Tensor:
         """The rows of ``records`` as a new tensor ``[n, width]`` of the format's dtype."""

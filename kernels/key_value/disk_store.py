@@ -1,11 +1,14 @@
 """DiskStore: the KEY_VALUE kernel's bottom tier, rows in append-only, memory-mapped segment files.
 
 Design. Each ``put`` encodes its rows as fixed-size records (key, checksum, exact row bytes; see
-:mod:`.disk_record`) and appends them with one positional write per segment file touched; an in-memory index maps
-key -> (segment, offset). Overwritten and removed records become garbage; a sealed segment whose garbage reaches
-``compact_fraction`` of its records is compacted (its live records are re-appended, then the file is deleted)
-before the next write. Reads gather records by offset from memory maps with numpy fancy indexing and verify every
-record's checksum and key, so a corrupted or truncated file raises :class:`StorageError` naming the file and keys.
+:mod:`.disk_record`) and appends them with one positional write per segment file touched. The index in memory is
+one 8-byte bucket per key (see :mod:`.key_index`): a 28-bit fingerprint of the key's hash and the record's 36-bit
+location (segment number * records per segment + offset), 10.7 to 14.9 bytes of memory per key at its load; the
+full key is checked in the record itself, whose checksum also covers its location. Overwritten and removed records
+become garbage; a sealed segment whose garbage reaches ``compact_fraction`` of its records is compacted (its live
+records are re-appended, then the file is deleted, its number reused) before the next write. Reads gather records
+by offset from memory maps with numpy fancy indexing and verify every record's checksum and key, so a corrupted,
+moved or truncated record raises :class:`StorageError` naming the file and keys, never a wrong row or a silent miss.
 A write is made before the index changes: a failed ``put`` (disk full, directory gone) changes nothing.
 
 Why memory-mapped files and not an embedded store (LMDB, RocksDB, SQLite): every row has the same size and every
@@ -21,11 +24,12 @@ fresh subdirectory of ``directory`` and deletes it on :meth:`DiskStore.close`. N
 
 from __future__ import annotations
 
+import heapq
 import os
 import re
 import shutil
 import tempfile
-from typing import Dict, Iterator, Optional, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -33,12 +37,19 @@ import torch
 from torchrec_ascend.errors import ConfigError, StorageError
 
 from .disk_record import RecordFormat
-from .key_index import KeyIndex
-from .row_store import check_keys, check_rows, last_occurrence, tensor_nbytes
+from .key_index import OpenTable, mix64, scale
+from .row_store import check_keys, check_rows, last_occurrence
 from .segment_file import SegmentFile
 
-DEFAULT_SEGMENT_BYTES = 64 << 20
+DEFAULT_SEGMENT_BYTES = 256 << 20
 MAX_KEYS_IN_MESSAGE = 8
+PARTITIONS = 256
+MAX_BUCKETS = 1 << 25  # per partition: 256 * 2**25 * 0.75 = 6.4e9 keys at most, 64 GiB of address space
+FINGERPRINT_BITS = 28
+LOCATION_BITS = 64 - FINGERPRINT_BITS
+MAX_LOCATIONS = (1 << LOCATION_BITS) - 2  # a bucket holds location + 1; all ones is the tombstone
+_LOCATION_MASK = np.uint64((1 << LOCATION_BITS) - 1)
+_SHIFT = np.uint64(LOCATION_BITS)
 
 
 def _keys_text(keys: torch.Tensor) -> str:
@@ -58,7 +69,7 @@ class DiskStore:
         segment_bytes (int): target size of one segment file (at least one record).
         compact_fraction (float): in ``(0, 1]``; a sealed segment is compacted once this fraction of its
             records is garbage. Lower means less disk space and more rewriting.
-        initial_capacity (int): index slots before the first growth.
+        initial_capacity (int): unused (the index grows a partition at a time, at no transient cost).
 
     Raises:
         ConfigError: bad ``width``, ``segment_bytes`` or ``compact_fraction``.
@@ -96,7 +107,8 @@ class DiskStore:
                 f"{self.where}: segment_bytes={segment_bytes} is smaller than one record ({self._format.nbytes} "
                 f"bytes); use at least that, typically tens of MiB"
             )
-        self.segment_records = segment_bytes // self._format.nbytes
+        self.segment_records = min(segment_bytes // self._format.nbytes, MAX_LOCATIONS)
+        self.max_segments = MAX_LOCATIONS // self.segment_records
         self.compact_fraction = compact_fraction
         try:
             os.makedirs(directory, exist_ok=True)
@@ -107,10 +119,9 @@ class DiskStore:
                 f"{self.where}: cannot create a directory under '{directory}': {error}; give the table a writable "
                 f"disk directory"
             ) from error
-        self._index = KeyIndex(initial_capacity)
-        self._segment_of = torch.full((self._index.capacity,), -1, dtype=torch.int32)
-        self._offset_of = torch.zeros(self._index.capacity, dtype=torch.int64)
+        self._table = OpenTable(np.uint64, PARTITIONS, MAX_BUCKETS, self._home_of)
         self._segments: Dict[int, SegmentFile] = {}
+        self._free_ids: List[int] = []  # numbers of deleted segments, reused lowest first
         self._active: Optional[SegmentFile] = None
         self._next_segment_id = 0
         self._to_compact: Set[int] = set()
@@ -120,7 +131,7 @@ class DiskStore:
         self._closed = False
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._table)
 
     def __enter__(self) -> "DiskStore":
         return self
@@ -135,8 +146,8 @@ class DiskStore:
 
     @property
     def memory_nbytes(self) -> int:
-        """Bytes of host memory held by the index (key -> segment, offset)."""
-        return self._index.nbytes + tensor_nbytes(self._segment_of, self._offset_of)
+        """Bytes of host memory held by the index: its buckets in use (8 per bucket)."""
+        return self._table.nbytes
 
     def stats(self) -> Dict[str, int]:
         """Counters for metrics: rows, file/live/garbage bytes, segments, compactions, index bytes.
@@ -170,8 +181,8 @@ class DiskStore:
         Raises:
             ConfigError: malformed keys or rows.
             StorageError: the write failed (disk full, directory gone), or a compaction due before it did (the
-                same, or a damaged record in the segment being compacted: that segment is then left as it is); the
-                store is unchanged and stays usable.
+                same, or a damaged record in the segment being compacted: that segment is then left as it is), or
+                a record read to check an overwritten key is damaged; the store is unchanged and stays usable.
         """
         self._check_open()
         keys = check_keys(keys, self.where)
@@ -182,19 +193,29 @@ class DiskStore:
         if last is not None:
             keys, rows = keys[last], rows[last]
         self._compact_garbage()
-        segments, offsets = self._append(self._format.encode(keys, rows), f"{keys.numel()} rows")
-        slots = self._index.lookup(keys)
-        present = slots >= 0
-        self._release(slots[present])
-        if not bool(present.all()):
-            slots[~present] = self._index.insert(keys[~present])
-            self._grow_columns()
-        self._point(slots, segments, offsets)
+        buckets, _ = self._locate(keys)
+        locations = self._append(self._format.encode(keys, rows), f"{keys.numel()} rows")
+        part, fingerprint, _ = self._hash(keys.numpy())
+        entries = (fingerprint << _SHIFT) | (locations.astype(np.uint64) + np.uint64(1))
+        present = buckets >= 0
+        self._release(self._locations_at(buckets[present]))
+        self._table.buckets[buckets[present]] = entries[present]
+        absent = ~present
+        if absent.any():
+            self._table.make_room(part[absent])
+            homes = scale(fingerprint[absent], FINGERPRINT_BITS, self._table.size[part[absent]])
+            self._table.insert(part[absent], homes, entries[absent])
+        self._count_live(locations, +1)
         self._version += 1
 
     def contains(self, keys: torch.Tensor) -> torch.Tensor:
-        """Bool ``[n]``: which keys the store holds (nothing is read)."""
-        return self._index.lookup(check_keys(keys, self.where)) >= 0
+        """Bool ``[n]``: which keys the store holds (their records are read to verify the key).
+
+        Raises:
+            StorageError: a record checked is damaged.
+        """
+        self._check_open()
+        return torch.from_numpy(self._locate(check_keys(keys, self.where))[0] >= 0)
 
     def get(self, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Read rows.
@@ -207,48 +228,52 @@ class DiskStore:
 
         Raises:
             ConfigError: malformed keys.
-            StorageError: a record is corrupted or its file truncated (the message names file and keys).
+            StorageError: a record is corrupted, moved or its file truncated (the message names file and keys).
         """
         self._check_open()
         keys = check_keys(keys, self.where)
-        slots = self._index.lookup(keys)
-        found = slots >= 0
-        rows = torch.zeros(keys.numel(), self.width, dtype=self.dtype)
-        where = found.nonzero().squeeze(1)
-        if where.numel():
-            rows[where] = self._format.decode(self._read(keys[where], slots[where]))
-        return rows, found
+        return self._rows_of(keys, self._locate(keys))
 
     def pop(self, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """:meth:`get` then :meth:`remove` of the keys found; on a read error nothing is removed."""
-        rows, found = self.get(keys)
-        self.remove(keys[found])
+        self._check_open()
+        keys = check_keys(keys, self.where)
+        located = self._locate(keys)
+        rows, found = self._rows_of(keys, located)
+        self._forget(located[0])
         return rows, found
 
     def remove(self, keys: torch.Tensor) -> None:
-        """Forget keys (their records become garbage); absent keys and repeats are ignored."""
+        """Forget keys (their records become garbage); absent keys and repeats are ignored.
+
+        Raises:
+            StorageError: a record read to verify a key is damaged; nothing is removed.
+        """
         self._check_open()
-        keys = check_keys(keys, self.where)
-        self._release(self._index.remove(keys))
-        self._version += 1
+        self._forget(self._locate(check_keys(keys, self.where))[0])
 
     def chunks(self, rows_per_chunk: int = 65536) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         """Every ``(keys int64 [m], rows [m, width])`` once, ``m <= rows_per_chunk``, in file order.
 
+        Reads each segment sequentially once (checkpoints run at the disk's sequential speed).
+
         Raises:
             RuntimeError: the store changed between two chunks.
-            StorageError: a record is corrupted or its file truncated.
+            StorageError: a live record is corrupted or its file truncated.
         """
         self._check_open()
-        keys, slots = self._index.export()
-        order = torch.argsort(self._segment_of[slots].long() * self.segment_records + self._offset_of[slots])
-        keys, slots = keys[order], slots[order]
         version = self._version
-        for start in range(0, keys.numel(), rows_per_chunk):
+        for segment_id in sorted(self._segments):
             if version != self._version:
                 raise RuntimeError(f"{self.where}: the store changed while chunks() was iterating; do not mutate it")
-            chunk_keys = keys[start : start + rows_per_chunk]
-            yield chunk_keys, self._format.decode(self._read(chunk_keys, slots[start : start + rows_per_chunk]))
+            records, _, _ = self._live_records(self._segments[segment_id])
+            keys = torch.from_numpy(records[:, 0].view(np.int64).copy())
+            for start in range(0, keys.numel(), rows_per_chunk):
+                if version != self._version:
+                    raise RuntimeError(
+                        f"{self.where}: the store changed while chunks() was iterating; do not mutate it"
+                    )
+                yield keys[start : start + rows_per_chunk], self._format.decode(records[start : start + rows_per_chunk])
 
     def close(self) -> None:
         """Close the files and delete this store's directory (idempotent).
@@ -269,57 +294,125 @@ class DiskStore:
 
     # -- internals ------------------------------------------------------------------------------------------------
 
-    def _grow_columns(self) -> None:
-        grow = self._index.capacity - self._segment_of.numel()
-        if grow > 0:
-            self._segment_of = torch.cat([self._segment_of, torch.full((grow,), -1, dtype=torch.int32)])
-            self._offset_of = torch.cat([self._offset_of, torch.zeros(grow, dtype=torch.int64)])
+    @staticmethod
+    def _hash(keys: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Partition (int64), fingerprint (uint64, 28 bits) and hash of int64 ``keys``."""
+        h = mix64(keys.view(np.uint64))
+        return (h & np.uint64(PARTITIONS - 1)).astype(np.int64), h >> _SHIFT, h
 
-    def _point(self, slots: torch.Tensor, segments: torch.Tensor, offsets: torch.Tensor) -> None:
-        """Record that ``slots`` now live at ``(segments, offsets)``."""
-        self._segment_of[slots] = segments
-        self._offset_of[slots] = offsets
-        ids, counts = torch.unique(segments, return_counts=True)
+    @staticmethod
+    def _home_of(entries: np.ndarray, p: int, size: int) -> np.ndarray:
+        return scale(entries >> _SHIFT, FINGERPRINT_BITS, np.int64(size))
+
+    def _locations_at(self, buckets: np.ndarray) -> np.ndarray:
+        return (self._table.buckets[buckets] & _LOCATION_MASK).astype(np.int64) - 1
+
+    def _locate(self, keys: torch.Tensor) -> Tuple[np.ndarray, np.ndarray]:
+        """Each key's bucket (-1: absent) and verified record (zeros where absent).
+
+        A bucket whose fingerprint matches is a candidate: its record is read and checked (checksum at its
+        location, then key). A valid record of another key is a fingerprint collision (that key must hash to the
+        same partition and fingerprint, or the record is out of place) and the probe goes on.
+        """
+        values = keys.numpy()
+        records = np.zeros((values.size, self._format.words), dtype=np.uint64)
+        if values.size == 0 or len(self) == 0:
+            return np.full(values.size, -1, dtype=np.int64), records
+        part, fingerprint, _ = self._hash(values)
+
+        def match(entries: np.ndarray, which: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+            hit = (entries >> _SHIFT) == fingerprint[which]
+            candidates = np.flatnonzero(hit)
+            if candidates.size:
+                who = which[candidates]
+                locations = (entries[candidates] & _LOCATION_MASK).astype(np.int64) - 1
+                got = self._read(locations, keys[torch.from_numpy(who)])
+                mine = got[:, 0] == values[who].view(np.uint64)
+                others = np.flatnonzero(~mine)
+                if others.size:
+                    other_part, other_fingerprint, _ = self._hash(got[others, 0].view(np.int64))
+                    misplaced = (other_part != part[who[others]]) | (other_fingerprint != fingerprint[who[others]])
+                    if misplaced.any():
+                        self._raise_damaged(locations[others[misplaced]], keys[torch.from_numpy(who[others[misplaced]])])
+                records[who[mine]] = got[mine]
+                hit[candidates] = mine
+            return hit
+
+        homes = scale(fingerprint, FINGERPRINT_BITS, self._table.size[part])
+        return self._table.find(part, homes, match), records
+
+    def _rows_of(self, keys: torch.Tensor, located: Tuple[np.ndarray, np.ndarray]) -> Tuple[torch.Tensor, torch.Tensor]:
+        buckets, records = located
+        found = torch.from_numpy(buckets >= 0)
+        rows = torch.zeros(keys.numel(), self.width, dtype=self.dtype)
+        if bool(found.any()):
+            rows[found] = self._format.decode(records[buckets >= 0])
+        return rows, found
+
+    def _forget(self, buckets: np.ndarray) -> None:
+        buckets = np.unique(buckets[buckets >= 0])
+        self._release(self._locations_at(buckets))
+        self._table.remove(buckets)
+        self._version += 1
+
+    def _count_live(self, locations: np.ndarray, sign: int) -> np.ndarray:
+        """Add ``sign`` to the live count of the segment of each location; return the segment ids touched."""
+        ids, counts = np.unique(locations // self.segment_records, return_counts=True)
         for segment_id, count in zip(ids.tolist(), counts.tolist()):
-            self._segments[segment_id].live += count
+            self._segments[segment_id].live += sign * count
+        return ids
 
-    def _release(self, slots: torch.Tensor) -> None:
-        """The records of ``slots`` become garbage; mark segments that are due for compaction."""
-        if slots.numel() == 0:
+    def _release(self, locations: np.ndarray) -> None:
+        """The records at ``locations`` become garbage; mark segments that are due for compaction."""
+        if locations.size == 0:
             return
-        ids, counts = torch.unique(self._segment_of[slots], return_counts=True)
-        for segment_id, count in zip(ids.tolist(), counts.tolist()):
+        for segment_id in self._count_live(locations, -1).tolist():
             seg = self._segments[segment_id]
-            seg.live -= count
             if seg.count - seg.live >= self.compact_fraction * seg.count:
                 self._to_compact.add(segment_id)
-        self._segment_of[slots] = -1
 
-    def _append(self, records: np.ndarray, what: str) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Append records, opening segments as needed; return their (segment id int32, offset int64) per record.
+    def _new_segment(self) -> SegmentFile:
+        if self._free_ids:
+            segment_id = heapq.heappop(self._free_ids)
+        elif self._next_segment_id < self.max_segments:
+            segment_id, self._next_segment_id = self._next_segment_id, self._next_segment_id + 1
+        else:
+            raise OSError(0, f"the store already has {self.max_segments} segments, the most its index can address")
+        try:
+            seg = SegmentFile(self.path, self._format.words, segment_id)
+        except OSError:
+            heapq.heappush(self._free_ids, segment_id)
+            raise
+        self._segments[segment_id] = seg
+        return seg
+
+    def _drop_segment(self, seg: SegmentFile) -> None:
+        del self._segments[seg.segment_id]
+        heapq.heappush(self._free_ids, seg.segment_id)
+
+    def _append(self, records: np.ndarray, what: str) -> np.ndarray:
+        """Seal and append records, opening segments as needed; return each record's location (int64).
 
         All or nothing: on failure every touched file is cut back, new files are deleted, and StorageError says
         which file failed and why.
         """
         touched = []  # (segment, count before, created here)
         previous_active = self._active
-        segment_ids, offsets = [], []
+        locations = np.empty(records.shape[0], dtype=np.int64)
         seg = self._active
         position = 0
         try:
             while position < records.shape[0]:
                 if seg is None or seg.count == self.segment_records:
-                    path = os.path.join(self.path, f"segment-{self._next_segment_id:06d}.rows")
-                    seg = SegmentFile(path, self._format.words, self._next_segment_id)
+                    seg = None
+                    seg = self._new_segment()
                     touched.append((seg, 0, True))
-                    self._segments[seg.segment_id] = seg
-                    self._next_segment_id += 1
                 elif not touched or touched[-1][0] is not seg:
                     touched.append((seg, seg.count, False))
                 take = min(records.shape[0] - position, self.segment_records - seg.count)
-                first = seg.append(records[position : position + take])
-                segment_ids.append(torch.full((take,), seg.segment_id, dtype=torch.int32))
-                offsets.append(torch.arange(first, first + take, dtype=torch.int64))
+                piece = slice(position, position + take)
+                locations[piece] = seg.segment_id * self.segment_records + np.arange(seg.count, seg.count + take)
+                seg.append(self._format.seal(records[piece], locations[piece]))
                 position += take
                 self._active = seg
         except OSError as error:
@@ -327,7 +420,7 @@ class DiskStore:
             for touched_seg, count, created in reversed(touched):
                 touched_seg.truncate(count)
                 if created:
-                    del self._segments[touched_seg.segment_id]
+                    self._drop_segment(touched_seg)
                     try:
                         touched_seg.unlink()
                     except OSError:
@@ -338,45 +431,75 @@ class DiskStore:
                 f"{error.errno}); nothing was stored and every earlier row is intact. Free space on that disk or "
                 f"give the table a writable disk directory with room for it"
             ) from error
-        return torch.cat(segment_ids), torch.cat(offsets)
+        return locations
 
-    def _read(self, keys: torch.Tensor, slots: torch.Tensor) -> np.ndarray:
-        """Verified records (uint64 ``[n, words]``) of present ``keys`` at their ``slots``."""
-        segments = self._segment_of[slots]
-        offsets = self._offset_of[slots]
-        segment_ids = torch.unique(segments).tolist()
-        if len(segment_ids) == 1:
-            records = self._read_segment(segment_ids[0], keys, offsets)
-        else:
-            records = np.empty((keys.numel(), self._format.words), dtype=np.uint64)
-            for segment_id in segment_ids:
-                where = (segments == segment_id).nonzero().squeeze(1)
-                records[where.numpy()] = self._read_segment(segment_id, keys[where], offsets[where])
-        damaged = torch.from_numpy(self._format.damaged(records, keys))
-        if bool(damaged.any()):
-            bad_segments = segments[damaged]
-            files = [self._segments[i].path for i in torch.unique(bad_segments).tolist()]
-            self._damaged.update(torch.unique(bad_segments).tolist())
-            raise StorageError(
-                f"{self.where}: corrupted records in {', '.join(repr(f) for f in files)}: the rows of keys "
-                f"{_keys_text(keys[damaged])} fail their checksum or hold another key; they are lost, the other rows "
-                f"are intact. Restore the table from a checkpoint"
-            )
+    def _read(self, locations: np.ndarray, keys: torch.Tensor) -> np.ndarray:
+        """Records at ``locations`` (for ``keys``, named in messages), checked against their checksums."""
+        segment_ids = locations // self.segment_records
+        offsets = locations - segment_ids * self.segment_records
+        order = np.argsort(segment_ids, kind="stable")
+        ids, starts = np.unique(segment_ids[order], return_index=True)
+        records = np.empty((locations.size, self._format.words), dtype=np.uint64)
+        for segment_id, begin, end in zip(ids.tolist(), starts.tolist(), [*starts[1:].tolist(), order.size]):
+            where = order[begin:end]
+            seg = self._segments.get(segment_id)
+            if seg is None:
+                self._raise_damaged(locations[where], keys[torch.from_numpy(where)])
+            beyond = offsets[where] >= seg.readable()
+            if beyond.any():
+                self._damaged.add(segment_id)
+                raise StorageError(
+                    f"{self.where}: file '{seg.path}' is truncated ({seg.size_on_disk()} bytes, "
+                    f"{seg.count * self._format.nbytes} written): the rows of keys "
+                    f"{_keys_text(keys[torch.from_numpy(where[beyond])])} are lost; the other rows are intact. "
+                    f"Restore the table from a checkpoint"
+                )
+            records[where] = seg.read(offsets[where])
+        bad = np.flatnonzero(records[:, 1] != self._format.checksums(records, locations))
+        if bad.size:
+            self._raise_damaged(locations[bad], keys[torch.from_numpy(bad)])
         return records
 
-    def _read_segment(self, segment_id: int, keys: torch.Tensor, offsets: torch.Tensor) -> np.ndarray:
-        """Unverified records of ``keys`` at ``offsets`` of one segment, after checking the file is long enough."""
-        seg = self._segments[segment_id]
-        size = seg.size_on_disk()
-        beyond = (offsets + 1) * self._format.nbytes > size
-        if bool(beyond.any()):
-            self._damaged.add(segment_id)
+    def _raise_damaged(self, locations: np.ndarray, keys: torch.Tensor) -> None:
+        ids = np.unique(locations // self.segment_records).tolist()
+        self._damaged.update(ids)
+        files = [self._segments[i].path if i in self._segments else f"segment {i}" for i in ids]
+        raise StorageError(
+            f"{self.where}: corrupted records in {', '.join(repr(f) for f in files)}: the rows of keys "
+            f"{_keys_text(keys)} fail their checksum or hold another key; they are lost, the other rows are intact. "
+            f"Restore the table from a checkpoint"
+        )
+
+    def _live_records(self, seg: SegmentFile) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The live records of ``seg`` (read sequentially), their locations and their buckets.
+
+        A record is live when the bucket of its key holds exactly its location. Damaged records can only be
+        garbage: if fewer live records are found than the segment counts, a live one is damaged.
+
+        Raises:
+            StorageError: the file is truncated or a live record is damaged.
+        """
+        try:
+            records = seg.read_range(0, seg.count)
+        except StorageError as error:
+            self._damaged.add(seg.segment_id)
+            raise StorageError(f"{self.where}: {error}; its live rows are lost. Restore the table from a checkpoint")
+        locations = seg.segment_id * self.segment_records + np.arange(seg.count, dtype=np.int64)
+        valid = np.flatnonzero(records[:, 1] == self._format.checksums(records, locations))
+        part, fingerprint, _ = self._hash(records[valid, 0].view(np.int64))
+        expected = (fingerprint << _SHIFT) | (locations[valid].astype(np.uint64) + np.uint64(1))
+        homes = scale(fingerprint, FINGERPRINT_BITS, self._table.size[part])
+        buckets = self._table.find(part, homes, lambda entries, which, _: entries == expected[which])
+        live = buckets >= 0
+        if int(live.sum()) != seg.live:
+            self._damaged.add(seg.segment_id)
             raise StorageError(
-                f"{self.where}: file '{seg.path}' is truncated ({size} bytes, {seg.count * self._format.nbytes} "
-                f"written): the rows of keys {_keys_text(keys[beyond])} are lost; the other rows are intact. "
-                f"Restore the table from a checkpoint"
+                f"{self.where}: corrupted records in '{seg.path}': {seg.live - int(live.sum())} of its {seg.live} "
+                f"live rows fail their checksum; they are lost, the other rows are intact. Restore the table from a "
+                f"checkpoint"
             )
-        return seg.read(offsets.numpy())
+        chosen = valid[live]
+        return records[chosen], locations[chosen], buckets[live]
 
     def _compact_garbage(self) -> None:
         """Compact the sealed segments marked as due; raises StorageError with the store unchanged on failure."""
@@ -387,19 +510,19 @@ class DiskStore:
             self._to_compact.discard(segment_id)
             if segment_id in self._damaged:
                 continue  # reading it again would fail again; its live rows stay where they are
-            slots = (self._segment_of == segment_id).nonzero().squeeze(1)
-            if slots.numel():
-                keys = self._index.keys_of(slots)
+            if seg.live:
                 try:
-                    records = self._read(keys, slots)
-                    segments, offsets = self._append(records, f"{slots.numel()} live rows of '{seg.path}'")
+                    records, _, buckets = self._live_records(seg)
+                    locations = self._append(records, f"{seg.live} live rows of '{seg.path}'")
                 except StorageError:
                     if segment_id not in self._damaged:
                         self._to_compact.add(segment_id)  # a full disk may clear up: retry on a later put
                     raise
-                seg.live -= slots.numel()
-                self._point(slots, segments, offsets)
-            del self._segments[segment_id]
+                fingerprints = self._table.buckets[buckets] >> _SHIFT
+                self._table.buckets[buckets] = (fingerprints << _SHIFT) | (locations.astype(np.uint64) + np.uint64(1))
+                seg.live = 0
+                self._count_live(locations, +1)
+            self._drop_segment(seg)
             self._compactions += 1
             try:
                 seg.unlink()

@@ -7,27 +7,31 @@ never drops a row. ``get`` reads disk rows transparently and, with ``promote=Tru
 tier (spilling others in turn). ``pop`` is how the kernel takes rows into its device cache: rows leave the store.
 Not thread-safe: one caller (the kernel's batch path) at a time.
 
-What the budget counts (``nbytes``): the row chunks, one int64 LRU stamp per slot, and the key index (its
-slot -> key column and the IdMap's tensors), each at its allocated capacity, used or not; the capacity stops where
-one more row would break the budget. Not counted: tensors of a call in flight (inputs, outputs, rows being
-spilled) and, while the index doubles, its old copy (a few dozen bytes per key; rows themselves are never copied).
+What the budget counts (``nbytes``): per slot handed out (used or freed), the row, an int32 LRU stamp, the key
+(int64) and a free-slot stack entry (int32), plus the index's buckets in use (4 bytes each, at a load between 0.54
+and 0.75): 16 + 5.3..7.5 bytes beyond the row, at most 23.5. The most rows is where one more would break the
+budget (bounded by this machine's RAM). Nothing grows by doubling or copying (see :mod:`.row_chunks` and
+:mod:`.key_index`): a rehash copies one of up to 256 index partitions. Not counted: tensors of a call in flight
+(inputs, outputs, rows being spilled) and a fixed cost of about one memory page per index partition.
 """
 
 from __future__ import annotations
 
 from typing import Dict, Iterator, Optional, Tuple
 
+import numpy as np
 import torch
 
 from torchrec_ascend.errors import ConfigError, StorageError
 
 from .disk_store import DiskStore
-from .key_index import KeyIndex
+from .key_index import KeyIndex, physical_memory_bytes, reserve
 from .row_chunks import RowChunks
 from .row_store import check_keys, check_rows, last_occurrence, tensor_nbytes
 
-FREE_STAMP = torch.iinfo(torch.int64).max  # stamp of a slot that holds no row: never chosen as a victim
-STAMP_BYTES = 8
+FREE_STAMP = torch.iinfo(torch.int32).max  # stamp of a slot that holds no row: never chosen as a victim
+STAMP_BYTES = 4
+MAX_CLOCK = FREE_STAMP - 1  # past this the stamps are renumbered (see _tick)
 
 
 class HostStore:
@@ -43,7 +47,7 @@ class HostStore:
         promote (bool): whether ``get`` moves rows found on disk into host memory.
         spill_headroom (float): when spilling, also free this fraction of the host capacity, so the next puts
             do not each pay for choosing victims.
-        initial_rows (int): host rows allocated up front (grows by doubling from there).
+        initial_rows (int): unused (growth is free: rows are allocated as they arrive).
 
     Raises:
         ConfigError: bad width, budget or headroom, or a spill store of another width or dtype.
@@ -90,10 +94,10 @@ class HostStore:
         self.spill = spill
         self.promote = promote
         self._headroom_rows = int(spill_headroom * self.max_rows)
-        self._index = KeyIndex(initial_rows, max_capacity=self.max_rows)
-        self._rows = RowChunks(width, dtype)
-        self._stamp = torch.empty(0, dtype=torch.int64)
-        self._grow_storage()
+        self._index = KeyIndex(max_capacity=self.max_rows)
+        self._rows = RowChunks(width, dtype, max_rows=max(1, self.max_rows))
+        self._stamp_store = torch.from_numpy(reserve(np.int32, max(1, self.max_rows)))
+        self._stamp = self._stamp_store[:0]
         self._clock = 0
         self._version = 0
         self._counters = {"spills": 0, "spilled_rows": 0, "direct_disk_rows": 0, "promotions": 0, "promoted_rows": 0}
@@ -159,7 +163,7 @@ class HostStore:
         last = last_occurrence(keys)
         if last is not None:
             keys, rows = keys[last], rows[last]
-        self._clock += 1
+        self._tick()
         slots = self._index.lookup(keys)
         present = slots >= 0
         if bool(present.all()):
@@ -187,7 +191,7 @@ class HostStore:
                 store is unchanged.
         """
         keys = check_keys(keys, self.where)
-        self._clock += 1
+        self._tick()
         rows, found, hit_slots = self._read_host(keys)
         miss = (~found).nonzero().squeeze(1)
         if self.spill is not None and miss.numel():
@@ -259,11 +263,12 @@ class HostStore:
     # -- internals ------------------------------------------------------------------------------------------------
 
     def _nbytes_at(self, capacity: int) -> int:
-        """:attr:`nbytes` once the host tier has grown to ``capacity`` rows."""
+        """An upper bound of :attr:`nbytes` once the host tier holds ``capacity`` rows."""
         return capacity * (self.row_bytes + STAMP_BYTES) + KeyIndex.nbytes_for(capacity)
 
     def _max_rows_within(self, budget_bytes: int) -> int:
-        """The largest capacity whose :meth:`_nbytes_at` fits the budget (it grows with capacity: bisect)."""
+        """The largest capacity whose :meth:`_nbytes_at` fits the budget and this machine's RAM (bisect)."""
+        budget_bytes = min(budget_bytes, physical_memory_bytes())
         low, high = 0, budget_bytes // (self.row_bytes + STAMP_BYTES) + 1  # _nbytes_at(high) > budget
         while high - low > 1:
             middle = (low + high) // 2
@@ -271,11 +276,22 @@ class HostStore:
         return low
 
     def _grow_storage(self) -> None:
-        """Make the per-slot storage cover the index's capacity (rows never move, stamps are small)."""
+        """Make the per-slot storage cover the index's capacity (nothing moves: both live in reserved memory)."""
         self._rows.grow(self._index.capacity)
-        grow = self._index.capacity - self._stamp.numel()
-        if grow > 0:
-            self._stamp = torch.cat([self._stamp, torch.full((grow,), FREE_STAMP, dtype=torch.int64)])
+        start = self._stamp.numel()
+        if self._index.capacity > start:
+            self._stamp = self._stamp_store[: self._index.capacity]
+            self._stamp[start:] = FREE_STAMP
+
+    def _tick(self) -> None:
+        """Advance the LRU clock; near int32's end, renumber the stamps (keeping their order) to start over."""
+        self._clock += 1
+        if self._clock < MAX_CLOCK:
+            return
+        used = self._stamp != FREE_STAMP
+        order = torch.unique(self._stamp[used], return_inverse=True)[1].to(torch.int32)
+        self._stamp[used] = order
+        self._clock = int(order.max()) + 2 if order.numel() else 1
 
     def _read_host(self, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rows found in host memory (zeros elsewhere), the found mask, and their slots."""
@@ -301,9 +317,11 @@ class HostStore:
 
     def _least_recent(self, num: int, protect: torch.Tensor) -> torch.Tensor:
         """Slots of the ``num`` least recently used rows, none of them in ``protect``."""
-        stamps = self._stamp.clone()
-        stamps[protect] = FREE_STAMP
-        return torch.topk(stamps, num, largest=False, sorted=False).indices
+        kept = self._stamp[protect]  # protected stamps are set aside in place: no copy of every stamp
+        self._stamp[protect] = FREE_STAMP
+        victims = torch.topk(self._stamp, num, largest=False, sorted=False).indices
+        self._stamp[protect] = kept
+        return victims
 
     def _place(self, keys: torch.Tensor, rows: torch.Tensor, protect: torch.Tensor, on_disk: bool) -> int:
         """Store rows of distinct keys absent from host memory: in host memory as far as the budget allows

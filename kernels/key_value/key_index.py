@@ -1,124 +1,330 @@
-"""KeyIndex: a growable map from raw int64 keys to slots, for the KEY_VALUE host and disk stores.
+"""Compact key indexes of the KEY_VALUE host and disk stores: partitioned open addressing in numpy arrays.
 
-:class:`~torchrec_ascend.kernels.id_map.IdMap` has a fixed capacity; the stores grow on demand. KeyIndex grows by
-amortised doubling: it rebuilds a map of twice the capacity with ``IdMap.from_export(*map.export(), capacity)``,
-which keeps every key's slot. So slots are stable while their key is present, and whatever a store keeps per slot
-(rows, file locations) never moves when the index grows: it only has to cover the new capacity.
+Both tiers index keys with :class:`OpenTable`: ``partitions`` open-addressing tables (linear probing, tombstones)
+laid out in one anonymous memory mapping that reserves address space for the largest size each partition may
+reach and costs memory only for the pages it touches. A partition grows on its own (by about 1.4x, rehashing only
+its entries), so growth never holds two copies of the index, only a copy of one partition; the load of every
+partition stays in ``[LOW_LOAD, MAX_LOAD]`` = ``[0.54, 0.75]`` of its buckets. Every operation is vectorized over
+a batch: one numpy pass per probe round, never a Python loop over keys.
 
-Why not one IdMap per fixed-size chunk (the other way to grow)? Every lookup would then query every chunk; here a
-lookup is one native call, and the rebuild (rare, O(n) over a few dozen bytes per key) is the whole cost of growth.
-KeyIndex also keeps each slot's key, so a store can name the rows it chooses to spill or compact.
+* :class:`KeyIndex` (host tier): key -> slot. A bucket is a uint32 (``slot + 1``); the full key sits in the
+  slot -> key column, which the host store needs anyway to name the rows it spills. Memory per slot: 8 (key) + 4
+  (free-slot stack) + 4 / load (buckets) = 21.3 to 23.5 bytes.
+* :class:`~torchrec_ascend.kernels.key_value.disk_store.DiskStore` keeps only a bucket per key: a uint64 of a
+  28-bit fingerprint of the key's hash and the record's 36-bit location; the full key is verified in the record on
+  disk. Memory per key: 8 / load = 10.7 to 14.9 bytes.
+
+Example::
+
+    index = KeyIndex(max_capacity=1000)
+    slots = index.insert(torch.tensor([10, 20, 30]))  # tensor([0, 1, 2])
+    index.lookup(torch.tensor([20, 99]))  # tensor([1, -1])
+    index.remove(torch.tensor([10]))  # tensor([0]); slot 0 is reused by the next insert
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import mmap
+import os
+from typing import Callable, Optional, Tuple
 
+import numpy as np
 import torch
 
 from torchrec_ascend.errors import CapacityError
-from torchrec_ascend.kernels.id_map import IdMap
 
-from .row_store import tensor_nbytes
-
-KEY_BYTES_PER_SLOT = 8  # the slot -> key column
-
-
-def idmap_nbytes(id_map: IdMap) -> int:
-    """Bytes of the tensors (buffers and parameters) an :class:`IdMap` holds.
-
-    Example::
-
-        idmap_nbytes(IdMap(1024))
-    """
-    return tensor_nbytes(*id_map.buffers(), *id_map.parameters())
+MAX_LOAD = 0.75  # a partition is rehashed before more of its buckets than this are used (live or tombstone)
+GROWTH = 1.4  # a rehash sizes the partition for its keys at MAX_LOAD / GROWTH
+LOW_LOAD = MAX_LOAD / GROWTH
+MIN_BUCKETS = 8
+PAGE = mmap.PAGESIZE
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
+_U64 = np.uint64
 
 
-def idmap_nbytes_for(capacity: int) -> int:
-    """Bytes an :class:`IdMap` of ``capacity`` slots will hold, measured on the meta device (nothing allocated).
+def reserve(dtype: np.dtype, length: int) -> np.ndarray:
+    """A zero-filled numpy array of ``length`` elements whose pages cost memory only once written.
+
+    An anonymous private mapping with no swap reservation: growing what is used of it never copies and never
+    holds a second copy, which ``np.resize`` or ``torch.cat`` would.
 
     Example::
 
-        idmap_nbytes_for(1 << 20)
+        column = reserve(np.int64, 1 << 30)  # 8 GiB of address space, a few KiB of memory
+        column[:4] = 7
     """
-    if capacity == 0:
-        return 0
-    with torch.device("meta"):
-        return idmap_nbytes(IdMap(capacity))
+    nbytes = max(PAGE, length * np.dtype(dtype).itemsize)
+    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+    return np.frombuffer(buffer, dtype=dtype, count=length)
 
 
-class KeyIndex:
-    """Raw int64 key -> slot in ``[0, capacity)``, growing by doubling up to ``max_capacity``.
+def release(array: np.ndarray, start: int, stop: int) -> None:
+    """Give back to the system the whole pages of ``array[start:stop]`` (a :func:`reserve` array); they read 0."""
+    base = array.__array_interface__["data"][0]
+    first = -(-(base + start * array.itemsize) // PAGE) * PAGE
+    last = (base + stop * array.itemsize) // PAGE * PAGE
+    if last > first:
+        array.base.madvise(mmap.MADV_DONTNEED, first - base, last - first)
+
+
+def mix64(keys: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser of uint64 ``keys`` (wrapping arithmetic): the hash every index uses.
+
+    Example::
+
+        mix64(np.arange(3, dtype=np.uint64))
+    """
+    z = keys + _U64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> _U64(27))) * _U64(0x94D049BB133111EB)
+    return z ^ (z >> _U64(31))
+
+
+def scale(fraction: np.ndarray, bits: int, size: np.ndarray) -> np.ndarray:
+    """``floor(fraction * size / 2**bits)`` as int64: a ``bits``-bit hash mapped onto ``[0, size)``."""
+    return ((fraction.astype(_U64) * size.astype(_U64)) >> _U64(bits)).astype(np.int64)
+
+
+class OpenTable:
+    """Partitioned open-addressing buckets (see the module docstring); callers decide what a bucket holds.
+
+    A bucket is an unsigned integer: 0 is empty, ``tomb`` a removed entry, anything else an entry. The caller
+    maps keys to ``(partition, home)`` and tells a probe which entries match.
 
     Args:
-        initial_capacity (int): slots before the first growth (clipped to ``max_capacity``).
-        max_capacity (Optional[int]): the most slots it may ever hold; ``None`` for no limit.
-
-    Attributes:
-        capacity (int): current number of slots; per-slot storage of the owner must cover ``[0, capacity)``.
+        dtype: bucket type (``np.uint32`` or ``np.uint64``).
+        partitions (int): a power of two.
+        max_buckets (int): the most buckets one partition may have (address space is reserved for it).
+        home_of (Callable): ``home_of(entries, partition, size) -> int64 homes``, for rehashing a partition.
 
     Example::
 
-        index = KeyIndex(initial_capacity=2)
-        slots = index.insert(torch.tensor([10, 20, 30]))  # grows to 4 slots; slots tensor([0, 1, 2])
-        index.lookup(torch.tensor([20, 99]))  # tensor([1, -1])
-        index.remove(torch.tensor([10]))  # tensor([0]); slot 0 is reused by the next insert
+        table = OpenTable(np.uint32, 1, 64, lambda e, p, size: (e % size).astype(np.int64))
     """
 
-    def __init__(self, initial_capacity: int = 1024, max_capacity: Optional[int] = None) -> None:
-        if initial_capacity < 0 or (max_capacity is not None and max_capacity < 0):
-            raise ValueError(f"KeyIndex capacities must be >= 0, got {initial_capacity} and {max_capacity}")
-        self.max_capacity = max_capacity
-        self.capacity = initial_capacity if max_capacity is None else min(initial_capacity, max_capacity)
-        self._map: Optional[IdMap] = IdMap(self.capacity) if self.capacity else None  # IdMap needs >= 1 slot
-        self._key = torch.empty(self.capacity, dtype=torch.int64)
-
-    def __len__(self) -> int:
-        return len(self._map) if self._map is not None else 0
+    def __init__(self, dtype: type, partitions: int, max_buckets: int,
+                 home_of: Callable[[np.ndarray, int, int], np.ndarray]) -> None:
+        self.dtype = np.dtype(dtype)
+        self.tomb = np.iinfo(self.dtype).max
+        self.partitions = partitions
+        self.stride = max(MIN_BUCKETS, max_buckets)
+        self.buckets = reserve(self.dtype, partitions * self.stride)
+        self.size = np.zeros(partitions, dtype=np.int64)  # 0 until a partition holds a key: probes find it empty
+        self.live = np.zeros(partitions, dtype=np.int64)
+        self.used = np.zeros(partitions, dtype=np.int64)  # live + tombstones
+        self._home_of = home_of
 
     @property
     def nbytes(self) -> int:
-        """Bytes of this index's tensors: the IdMap's and the slot -> key column."""
-        return tensor_nbytes(self._key) + (idmap_nbytes(self._map) if self._map is not None else 0)
+        """Bytes of the buckets in use (the memory this table costs, up to page rounding per partition)."""
+        return int(self.size.sum()) * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return int(self.live.sum())
+
+    def find(self, part: np.ndarray, home: np.ndarray,
+             match: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+        """The bucket (global index) holding each key's entry, or -1.
+
+        Args:
+            part, home: int64 ``[n]``, each key's partition and home bucket in it.
+            match: ``match(entries, which, buckets) -> bool``: whether the entries (neither empty nor tombstone)
+                met by keys ``which`` (positions in ``[0, n)``) at ``buckets`` are theirs.
+        """
+        found = np.full(part.size, -1, dtype=np.int64)
+        which = np.arange(part.size)
+        base = part * self.stride
+        offset = home.astype(np.int64, copy=True)
+        while which.size:
+            bucket = base[which] + offset
+            entry = self.buckets[bucket]
+            empty = entry == 0
+            candidate = np.flatnonzero(~empty & (entry != self.tomb))
+            hit = np.zeros(which.size, dtype=bool)
+            if candidate.size:
+                hit[candidate] = match(entry[candidate], which[candidate], bucket[candidate])
+            found[which[hit]] = bucket[hit]
+            going = ~(empty | hit)
+            which, offset = which[going], offset[going] + 1
+            offset[offset == self.size[part[which]]] = 0
+        return found
+
+    def insert(self, part: np.ndarray, home: np.ndarray, entries: np.ndarray) -> np.ndarray:
+        """Store ``entries`` (of keys known to be absent) from their homes on; return their buckets.
+
+        The caller calls :meth:`make_room` first.
+        """
+        placed = np.empty(part.size, dtype=np.int64)
+        which = np.arange(part.size)
+        base = part * self.stride
+        offset = home.astype(np.int64, copy=True)
+        while which.size:
+            bucket = base[which] + offset
+            old = self.buckets[bucket]
+            free = np.flatnonzero((old == 0) | (old == self.tomb))
+            _, first = np.unique(bucket[free], return_index=True)  # one entry per bucket per round
+            won = free[first]
+            self.buckets[bucket[won]] = entries[which[won]]
+            placed[which[won]] = bucket[won]
+            np.subtract.at(self.used, part[which[won][old[won] == self.tomb]], 1)
+            going = np.ones(which.size, dtype=bool)
+            going[won] = False
+            which, offset = which[going], offset[going] + 1
+            offset[offset == self.size[part[which]]] = 0
+        counts = np.bincount(part, minlength=self.partitions)
+        self.live += counts
+        self.used += counts
+        return placed
+
+    def remove(self, buckets: np.ndarray) -> None:
+        """Turn the entries at ``buckets`` (distinct, from :meth:`find`) into tombstones."""
+        self.buckets[buckets] = self.tomb
+        self.live -= np.bincount(buckets // self.stride, minlength=self.partitions)
+
+    def make_room(self, part: np.ndarray) -> None:
+        """Rehash the partitions that ``part`` (one per key about to be inserted) would fill past ``MAX_LOAD``.
+
+        Raises:
+            CapacityError: a partition would need more than ``max_buckets``.
+        """
+        incoming = np.bincount(part, minlength=self.partitions)
+        for p in np.flatnonzero(self.used + incoming > MAX_LOAD * self.size).tolist():
+            self.rehash(p, int(self.live[p] + incoming[p]))
+
+    def rehash(self, p: int, keys: int) -> None:
+        """Rebuild partition ``p`` without tombstones, sized for ``keys`` keys at ``LOW_LOAD``."""
+        size = max(MIN_BUCKETS, int(np.ceil(keys / LOW_LOAD)) + 1)
+        if size > self.stride:
+            raise CapacityError(
+                f"key index: partition {p} would need {size} buckets, more than the {self.stride} reserved; "
+                f"the store holds more keys than it was sized for"
+            )
+        start, old_size = p * self.stride, int(self.size[p])
+        region = self.buckets[start : start + old_size]
+        entries = region[(region != 0) & (region != self.tomb)].copy()
+        region[:] = 0
+        if size < old_size:
+            release(self.buckets, start + size, start + old_size)
+        self.size[p] = size
+        self.live[p] = self.used[p] = 0
+        if entries.size:
+            part = np.full(entries.size, p, dtype=np.int64)
+            self.insert(part, self._home_of(entries, p, size), entries)
+
+    def entries(self) -> Tuple[np.ndarray, np.ndarray]:
+        """Every live entry and its bucket, partition by partition (one pass over the used buckets)."""
+        values, buckets = [], []
+        for p in np.flatnonzero(self.live).tolist():
+            start = p * self.stride
+            region = self.buckets[start : start + int(self.size[p])]
+            at = np.flatnonzero((region != 0) & (region != self.tomb))
+            values.append(region[at])
+            buckets.append(at + start)
+        if not values:
+            return np.empty(0, dtype=self.dtype), np.empty(0, dtype=np.int64)
+        return np.concatenate(values), np.concatenate(buckets)
+
+
+def partitions_for(num_keys: int) -> int:
+    """Partitions of a table for up to ``num_keys`` keys: about 4096 keys each, between 1 and 256 (a power of 2).
+
+    Example::
+
+        partitions_for(10**9)  # 256
+    """
+    return 1 << min(8, max(0, (num_keys // 4096).bit_length() - 1))
+
+
+class KeyIndex:
+    """Raw int64 key -> slot in ``[0, capacity)`` for the host store, up to ``max_capacity`` keys.
+
+    Slots are handed out like :class:`~torchrec_ascend.kernels.id_map.IdMap` does: freed slots first (the most
+    recently freed first), then fresh ones in increasing order, so ``capacity`` (the highest slot used + 1) only
+    grows when no freed slot is left, and per-slot storage of the owner never moves.
+
+    Args:
+        initial_capacity (int): unused (kept for callers that size the first allocation; growth is free).
+        max_capacity (Optional[int]): the most keys it may ever hold (address space is reserved for them);
+            ``None``: ``2**26``.
+
+    Attributes:
+        capacity (int): slots handed out so far (used or freed): per-slot storage must cover ``[0, capacity)``.
+
+    Example::
+
+        index = KeyIndex(max_capacity=4)
+        index.insert(torch.tensor([10, 20, 30]))  # tensor([0, 1, 2])
+        index.keys_of(torch.tensor([1]))  # tensor([20])
+    """
+
+    def __init__(self, initial_capacity: int = 0, max_capacity: Optional[int] = None) -> None:
+        if initial_capacity < 0 or (max_capacity is not None and max_capacity < 0):
+            raise ValueError(f"KeyIndex capacities must be >= 0, got {initial_capacity} and {max_capacity}")
+        self.max_capacity = 1 << 26 if max_capacity is None else max_capacity
+        self.capacity = 0
+        parts = partitions_for(self.max_capacity)
+        self._table = OpenTable(np.uint32, parts, self.max_buckets(self.max_capacity, parts), self._home_of)
+        self._key = reserve(np.int64, self.max_capacity)
+        self._free = reserve(np.int32, self.max_capacity)
+        self._num_free = 0
+
+    @staticmethod
+    def max_buckets(max_keys: int, partitions: int) -> int:
+        """Buckets reserved per partition: room for twice its share of keys (hashing spreads keys evenly)."""
+        return int(2 * max_keys / partitions / LOW_LOAD) + 2 * MIN_BUCKETS
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this index: the buckets in use, and the key column and free-slot stack up to ``capacity``."""
+        return self._table.nbytes + self.capacity * (8 + 4)
 
     @staticmethod
     def nbytes_for(capacity: int) -> int:
-        """What :attr:`nbytes` is at ``capacity`` slots: the stores' budget arithmetic."""
-        return KEY_BYTES_PER_SLOT * capacity + idmap_nbytes_for(capacity)
+        """An upper bound of :attr:`nbytes` with ``capacity`` keys: the stores' budget arithmetic."""
+        parts = partitions_for(capacity)
+        return capacity * 12 + 4 * (parts * (MIN_BUCKETS + 1) + int(np.ceil(capacity / LOW_LOAD)) + parts)
+
+    def _hash(self, keys: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        h = mix64(keys.view(_U64))
+        return (h & _U64(self._table.partitions - 1)).astype(np.int64), h >> _U64(32)
+
+    def _home_of(self, entries: np.ndarray, p: int, size: int) -> np.ndarray:
+        return scale(self._hash(self._key[entries.astype(np.int64) - 1])[1], 32, np.int64(size))
+
+    def _locate(self, keys: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        part, high = self._hash(keys)
+        home = scale(high, 32, self._table.size[part])
+        key = self._key
+        buckets = self._table.find(part, home, lambda e, which, _: key[e.astype(np.int64) - 1] == keys[which])
+        return part, home, buckets
 
     def reserve(self, num_keys: int) -> None:
-        """Grow (doubling) so that ``num_keys`` keys fit.
+        """Check that ``num_keys`` keys fit.
 
         Raises:
             CapacityError: ``num_keys`` exceeds ``max_capacity``; the owner must make room first.
         """
-        if num_keys <= self.capacity:
-            return
-        if self.max_capacity is not None and num_keys > self.max_capacity:
+        if num_keys > self.max_capacity:
             raise CapacityError(
                 f"KeyIndex: {num_keys} keys exceed max_capacity={self.max_capacity}; the store must spill or evict "
                 f"before inserting"
             )
-        capacity = max(self.capacity, 1)
-        while capacity < num_keys:
-            capacity *= 2
-        if self.max_capacity is not None:
-            capacity = min(capacity, self.max_capacity)
-        if self._map is None:
-            self._map = IdMap(capacity)
-        else:
-            self._map = IdMap.from_export(*self._map.export(), capacity=capacity)
-        self._key = torch.cat([self._key, torch.empty(capacity - self.capacity, dtype=torch.int64)])
-        self.capacity = capacity
 
     def lookup(self, keys: torch.Tensor) -> torch.Tensor:
         """Slot of each key (int64 ``[n]``, repeats allowed), ``-1`` where absent."""
-        if self._map is None:
+        if keys.numel() == 0 or len(self) == 0:
             return torch.full_like(keys, -1)
-        return self._map.lookup(keys)
+        buckets = self._locate(keys.numpy())[2]
+        slots = np.full(buckets.size, -1, dtype=np.int64)
+        hit = buckets >= 0
+        slots[hit] = self._table.buckets[buckets[hit]].astype(np.int64) - 1
+        return torch.from_numpy(slots)
 
     def insert(self, keys: torch.Tensor) -> torch.Tensor:
-        """Give each key a slot (freed slots are reused first), growing first if needed.
+        """Give each key a slot (freed slots are reused first).
 
         Args:
             keys: 1-D int64 tensor ``[n]`` of distinct keys that are not present.
@@ -128,16 +334,26 @@ class KeyIndex:
 
         Raises:
             CapacityError: the keys do not fit under ``max_capacity``.
-            ValueError: a key is already present or repeats (a caller bug: they were inserted all the same).
+            ValueError: a key is already present or repeats (a caller bug); nothing is inserted.
         """
-        if keys.numel() == 0:
+        n = keys.numel()
+        if n == 0:
             return torch.empty(0, dtype=torch.int64)
-        self.reserve(len(self) + keys.numel())
-        slots, is_new = self._map.insert_or_lookup(keys)
-        if not bool(is_new.all()):
+        self.reserve(len(self) + n)
+        values = keys.numpy()
+        if np.unique(values).size != n or bool((self.lookup(keys) >= 0).any()):
             raise ValueError("KeyIndex.insert: keys must be distinct and absent; look them up first")
-        self._key[slots] = keys
-        return slots
+        reused = min(n, self._num_free)
+        slots = np.empty(n, dtype=np.int64)
+        slots[:reused] = self._free[self._num_free - reused : self._num_free][::-1]
+        self._num_free -= reused
+        slots[reused:] = np.arange(self.capacity, self.capacity + n - reused)
+        self.capacity += n - reused
+        self._key[slots] = values
+        part, high = self._hash(values)
+        self._table.make_room(part)
+        self._table.insert(part, scale(high, 32, self._table.size[part]), (slots + 1).astype(np.uint32))
+        return torch.from_numpy(slots)
 
     def remove(self, keys: torch.Tensor) -> torch.Tensor:
         """Forget keys; absent keys and repeats are ignored.
@@ -148,18 +364,32 @@ class KeyIndex:
         Returns:
             torch.Tensor: int64 ``[m]``, the slots freed (one per distinct present key).
         """
-        if self._map is None or keys.numel() == 0:
+        if keys.numel() == 0 or len(self) == 0:
             return torch.empty(0, dtype=torch.int64)
-        freed = self._map.remove(keys)
-        return freed[freed >= 0]
+        buckets = np.unique(self._locate(keys.numpy())[2])
+        buckets = buckets[buckets >= 0]
+        freed = self._table.buckets[buckets].astype(np.int64) - 1
+        self._table.remove(buckets)
+        self._free[self._num_free : self._num_free + freed.size] = freed
+        self._num_free += freed.size
+        return torch.from_numpy(freed)
 
     def keys_of(self, slots: torch.Tensor) -> torch.Tensor:
         """The key held by each of ``slots`` (int64 ``[n]``, slots in use)."""
-        return self._key[slots]
+        return torch.from_numpy(self._key[slots.numpy()])
 
     def export(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """All ``(keys, slots)``, two int64 tensors ``[len(self)]``, sorted by slot."""
-        if self._map is None:
-            empty = torch.empty(0, dtype=torch.int64)
-            return empty, empty
-        return self._map.export()
+        entries, _ = self._table.entries()
+        slots = np.sort(entries.astype(np.int64) - 1)
+        return torch.from_numpy(self._key[slots]), torch.from_numpy(slots)
+
+
+def physical_memory_bytes() -> int:
+    """This machine's RAM in bytes (what no host tier can exceed).
+
+    Example::
+
+        physical_memory_bytes() // 2**30
+    """
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -1,77 +1,64 @@
-"""RowChunks: host-memory rows addressed by slot, grown by appending chunks so existing rows never move.
+"""RowChunks: host-memory rows addressed by slot, in one reserved mapping, so growing never moves or copies a row.
 
-Growing one big tensor by doubling would copy every row (seconds for a multi-GiB table, stalling training) and
-hold old and new copies at once (3x the old size at the peak, over any memory budget). Chunks of geometrically
-growing size keep the chunk count logarithmic, so a gather or scatter loops over a few chunks, never over IDs.
+Growing one tensor by doubling would copy every row (seconds for a multi-GiB table, stalling training), hold old
+and new copies at once (3x the old size at the peak, over any memory budget) and leave up to half of the capacity
+unused. Here the rows live in address space reserved up front for ``max_rows`` rows (see
+:func:`~torchrec_ascend.kernels.key_value.key_index.reserve`): memory is spent page by page as rows are written,
+``grow`` only moves the addressable end, and a gather or scatter is one indexing op.
 """
 
 from __future__ import annotations
 
-from typing import List
-
+import numpy as np
 import torch
 
-from .row_store import tensor_nbytes
+from .key_index import reserve
 
 
 class RowChunks:
-    """Rows ``[capacity, width]`` stored as a list of chunks; slot ``s`` is row ``s - start`` of its chunk.
+    """Rows ``[capacity, width]`` of one dtype, addressable up to ``max_rows`` without ever moving.
 
     Args:
         width (int): elements per row.
         dtype (torch.dtype): element type.
+        max_rows (int): the most rows it may ever address (address space, not memory).
 
     Example::
 
-        rows = RowChunks(width=2, dtype=torch.float32)
+        rows = RowChunks(width=2, dtype=torch.float32, max_rows=1024)
         rows.grow(4)
-        rows.grow(8)  # a second chunk for slots 4..7; slots 0..3 stay where they are
+        rows.grow(8)  # slots 4..7 become addressable; slots 0..3 stay where they are
         rows.scatter(torch.tensor([1, 6]), torch.ones(2, 2))
         rows.gather(torch.tensor([6]))  # tensor([[1., 1.]])
     """
 
-    def __init__(self, width: int, dtype: torch.dtype) -> None:
+    def __init__(self, width: int, dtype: torch.dtype, max_rows: int = 1 << 20) -> None:
         self.width = width
         self.dtype = dtype
+        self.max_rows = max_rows
         self.capacity = 0
-        self._chunks: List[torch.Tensor] = []
-        self._starts = torch.empty(0, dtype=torch.int64)
+        row_bytes = width * torch.empty(0, dtype=dtype).element_size()
+        self._all = torch.from_numpy(reserve(np.uint8, max_rows * row_bytes)).view(dtype).view(max_rows, width)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of all chunks (allocated capacity, used or not)."""
-        return tensor_nbytes(*self._chunks)
+        """Bytes of the addressable rows (``capacity`` rows, used or not)."""
+        return self.capacity * self.width * self._all.element_size()
 
     def grow(self, capacity: int) -> None:
-        """Make slots ``[0, capacity)`` addressable; a no-op if they already are."""
-        if capacity <= self.capacity:
-            return
-        self._chunks.append(torch.empty(capacity - self.capacity, self.width, dtype=self.dtype))
-        self._starts = torch.cat([self._starts, torch.tensor([self.capacity])])
-        self.capacity = capacity
+        """Make slots ``[0, capacity)`` addressable; a no-op if they already are.
 
-    def _chunk_of(self, slots: torch.Tensor) -> torch.Tensor:
-        return torch.searchsorted(self._starts, slots, right=True) - 1
+        Raises:
+            ValueError: ``capacity`` exceeds ``max_rows``.
+        """
+        if capacity > self.max_rows:
+            raise ValueError(f"RowChunks: {capacity} rows exceed max_rows={self.max_rows}")
+        self.capacity = max(self.capacity, capacity)
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """Copies of the rows at ``slots`` (int64 ``[n]``, each in ``[0, capacity)``), shape ``[n, width]``."""
-        if len(self._chunks) == 1:
-            return self._chunks[0].index_select(0, slots)
-        out = torch.empty(slots.numel(), self.width, dtype=self.dtype)
-        chunk_of = self._chunk_of(slots)
-        for index, (start, chunk) in enumerate(zip(self._starts.tolist(), self._chunks)):
-            where = (chunk_of == index).nonzero().squeeze(1)
-            if where.numel():
-                out.index_copy_(0, where, chunk.index_select(0, slots[where] - start))
-        return out
+        return self._all.index_select(0, slots)
 
     def scatter(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write ``rows`` (``[n, width]``) to distinct ``slots`` (int64 ``[n]``)."""
-        if len(self._chunks) == 1:
-            self._chunks[0].index_copy_(0, slots, rows)
-            return
-        chunk_of = self._chunk_of(slots)
-        for index, (start, chunk) in enumerate(zip(self._starts.tolist(), self._chunks)):
-            where = (chunk_of == index).nonzero().squeeze(1)
-            if where.numel():
-                chunk.index_copy_(0, slots[where] - start, rows.index_select(0, where))
+        self._all.index_copy_(0, slots, rows)

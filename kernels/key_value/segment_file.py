@@ -3,7 +3,13 @@
 Writes are positional (``os.pwrite`` at ``count * record_bytes``), so the in-memory ``count`` is the truth: a
 failed write is rolled back by resetting ``count``, and stray bytes past it are overwritten by the next write.
 Reads gather records by offset from a read-only ``mmap`` of the open descriptor, so the file stays readable even
-if its directory entry goes away, and one numpy fancy-index reads a whole batch.
+if its directory entry goes away, and one numpy fancy-index reads a whole batch; afterwards the mapped pages are
+dropped from the process (``MADV_DONTNEED``: they stay in the page cache), so reading a file many times the size
+of memory never shows as this process's memory.
+
+Untrusted input: the file's name is made here from its number (a plain name inside the store's own folder, opened
+without following symlinks, never an existing file), and every read checks its offsets against the records written
+and the file's size on disk before touching the map; failures are :class:`StorageError` naming the file.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import os
 from typing import Optional
 
 import numpy as np
+
+from torchrec_ascend.errors import StorageError
 
 
 def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -34,32 +42,46 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         done += written
 
 
+def segment_name(segment_id: int) -> str:
+    """The file name of segment ``segment_id`` (a plain name, no directory part).
+
+    Example::
+
+        segment_name(3)  # 'segment-000003.rows'
+    """
+    if not isinstance(segment_id, int) or segment_id < 0:
+        raise ValueError(f"segment ids are ints >= 0, got {segment_id!r}")
+    return f"segment-{segment_id:06d}.rows"
+
+
 class SegmentFile:
     """An open segment: ``count`` records of ``words`` uint64 each, of which ``live`` are still referenced.
 
     Args:
-        path (str): file to create; it must not exist.
+        directory (str): the store's folder; the file is ``directory/segment-<id>.rows`` and must not exist.
         words (int): 64-bit words per record.
         segment_id (int): the store's number for this file.
 
     Raises:
-        OSError: the file cannot be created (directory missing, not a directory, read-only ...).
+        OSError: the file cannot be created (directory missing, not a directory, read-only, name taken ...).
 
     Example::
 
-        seg = SegmentFile("/tmp/t/segment-000000.rows", words=4, segment_id=0)
+        seg = SegmentFile("/tmp/t", words=4, segment_id=0)
         seg.append(np.zeros((2, 4), dtype=np.uint64))  # returns 0, the first offset
         seg.read(np.array([1]))  # array of shape [1, 4]
     """
 
-    def __init__(self, path: str, words: int, segment_id: int) -> None:
-        self.path = path
+    def __init__(self, directory: str, words: int, segment_id: int) -> None:
+        self.path = os.path.join(directory, segment_name(segment_id))
         self.words = words
         self.record_bytes = 8 * words
         self.segment_id = segment_id
         self.count = 0
         self.live = 0
-        self._fd: Optional[int] = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        self._fd: Optional[int] = os.open(self.path, flags, 0o644)
+        self._map: Optional[mmap.mmap] = None
         self._view: Optional[np.ndarray] = None  # uint64 [mapped records, words] over a read-only mmap
 
     def append(self, records: np.ndarray) -> int:
@@ -71,14 +93,14 @@ class SegmentFile:
             OSError: the write failed; ``count`` is unchanged (call :meth:`truncate` to drop partial bytes).
         """
         first = self.count
-        pwrite_all(self._fd, memoryview(records).cast("B"), first * self.record_bytes)
+        pwrite_all(self._fd, memoryview(np.ascontiguousarray(records)).cast("B"), first * self.record_bytes)
         self.count += records.shape[0]
         return first
 
     def truncate(self, count: int) -> None:
         """Forget records from ``count`` on and shrink the file to match (best effort: ``count`` rules)."""
         self.count = count
-        self._view = None
+        self._unmap()
         try:
             os.ftruncate(self._fd, count * self.record_bytes)
         except OSError:
@@ -88,22 +110,69 @@ class SegmentFile:
         """The file's current size in bytes, from ``fstat`` (shows truncation by anyone)."""
         return os.fstat(self._fd).st_size
 
-    def read(self, offsets: np.ndarray) -> np.ndarray:
-        """Copies of the records at ``offsets`` (int64 ``[n]``, each below ``count`` and inside the file).
+    def readable(self) -> int:
+        """How many records can be read: those written that the file on disk still holds in full."""
+        return min(self.count, self.size_on_disk() // self.record_bytes)
 
-        The caller checks :meth:`size_on_disk` first: touching a mapped page past the end of a truncated file
-        raises SIGBUS, which no Python code can catch.
+    def read(self, offsets: np.ndarray) -> np.ndarray:
+        """Copies of the records at ``offsets`` (int64 ``[n]``).
+
+        The caller checks offsets against :meth:`readable` first to say which keys are lost; this check repeats it,
+        because touching a mapped page past the end of a truncated file raises SIGBUS, which no Python code can
+        catch.
+
+        Raises:
+            StorageError: an offset is negative, not written, or past the end of the file.
         """
-        if self._view is None or int(offsets.max()) >= self._view.shape[0]:
-            mapped = min(self.count, self.size_on_disk() // self.record_bytes)
-            self._view = np.frombuffer(
-                mmap.mmap(self._fd, mapped * self.record_bytes, access=mmap.ACCESS_READ), dtype=np.uint64
-            ).reshape(mapped, self.words)
-        return self._view[offsets]
+        if offsets.size == 0:
+            return np.empty((0, self.words), dtype=np.uint64)
+        low, high = int(offsets.min()), int(offsets.max())
+        readable = self.readable()
+        if low < 0 or high >= readable:
+            raise StorageError(
+                f"segment file '{self.path}': record {low if low < 0 else high} asked for, but only {readable} of "
+                f"{self.count} written records are in the file ({self.size_on_disk()} bytes)"
+            )
+        if self._view is None or high >= self._view.shape[0]:
+            self._unmap()
+            self._map = mmap.mmap(self._fd, readable * self.record_bytes, access=mmap.ACCESS_READ)
+            self._view = np.frombuffer(self._map, dtype=np.uint64).reshape(readable, self.words)
+        records = self._view[offsets]
+        self._map.madvise(mmap.MADV_DONTNEED)
+        return records
+
+    def read_range(self, start: int, stop: int) -> np.ndarray:
+        """Records ``[start, stop)`` read sequentially (``os.pread``, not the map): uint64 ``[stop - start, words]``.
+
+        Raises:
+            StorageError: the range is not within the records written, or the file is shorter (truncated).
+        """
+        if not 0 <= start <= stop <= self.count:
+            raise StorageError(f"segment file '{self.path}': records [{start}, {stop}) asked for, {self.count} written")
+        records = np.empty((stop - start, self.words), dtype=np.uint64)
+        view, done = memoryview(records).cast("B"), 0
+        while done < len(view):
+            got = os.preadv(self._fd, [view[done:]], start * self.record_bytes + done)
+            if got <= 0:
+                raise StorageError(
+                    f"segment file '{self.path}' is truncated: {done} of {len(view)} bytes of records "
+                    f"[{start}, {stop}) could be read"
+                )
+            done += got
+        return records
+
+    def _unmap(self) -> None:
+        self._view = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:
+                pass  # a caller still holds a view of it; it goes with the last reference
+            self._map = None
 
     def close(self) -> None:
         """Drop the map and close the descriptor (idempotent)."""
-        self._view = None
+        self._unmap()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

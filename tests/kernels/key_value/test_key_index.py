@@ -1,13 +1,13 @@
-"""KeyIndex (growable key -> slot map) against a dict model; its byte accounting against the real IdMap."""
+"""KeyIndex (growable key -> slot map) against a dict model; its memory per key and its byte bound."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchrec_ascend.errors import CapacityError
-from torchrec_ascend.kernels.id_map import IdMap
-from torchrec_ascend.kernels.key_value.key_index import KeyIndex, idmap_nbytes, idmap_nbytes_for
+from torchrec_ascend.kernels.key_value.key_index import LOW_LOAD, MAX_LOAD, KeyIndex
 
 KEYS = st.lists(st.sampled_from([0, 1, 2, 3, 17, 2**31, 2**40 + 5, 2**63 - 1]), max_size=6)
 
@@ -54,11 +54,19 @@ def test_zero_capacity_index_is_empty():
         index.insert(torch.tensor([1]))
 
 
-@pytest.mark.parametrize("capacity", [1, 5, 1000, 4097])
-def test_nbytes_for_matches_a_real_map(capacity):
-    assert idmap_nbytes_for(capacity) == idmap_nbytes(IdMap(capacity)) > 0
-    index = KeyIndex(capacity)
-    assert index.nbytes == KeyIndex.nbytes_for(capacity)
+@pytest.mark.parametrize("capacity", [1, 5, 1000, 4097, 300_000])
+def test_memory_per_key_stays_within_its_bound_while_growing(capacity):
+    g = torch.Generator().manual_seed(capacity)
+    keys = torch.randint(0, 2**63 - 1, (capacity,), generator=g, dtype=torch.int64).unique()
+    index = KeyIndex(max_capacity=capacity)
+    for part in keys.split(max(1, capacity // 7)):  # growth happens a partition at a time along the way
+        index.insert(part)
+        assert index.nbytes <= KeyIndex.nbytes_for(capacity)
+    loads = index._table.live / np.maximum(index._table.size, 1)
+    assert loads.max() <= MAX_LOAD
+    if capacity >= 1000:  # the fixed cost of empty partitions no longer matters: 12 + 4 / load bytes a key
+        assert index.nbytes / keys.numel() <= 12 + 4 / LOW_LOAD + 0.5
+    assert torch.equal(index.lookup(keys), torch.arange(keys.numel()))
 
 
 def test_bulk_remove_keeps_every_other_key():
