@@ -20,10 +20,13 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
+import stat
 import struct
 import zlib
-from typing import Any, Dict, Optional
+from typing import Any, BinaryIO, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -35,6 +38,11 @@ HEADER = MAGIC + struct.pack("<II", FORMAT_VERSION, 0)
 ALIGN = 64
 NUMERIC_KINDS = "biuf"  # numpy dtype kinds a checkpoint may hold: bool, signed, unsigned, float
 _CRC_CHUNK = 1 << 26
+ARRAY_KEYS = ("dtype", "shape", "offset", "nbytes", "crc32")
+MAX_BYTES = 1 << 50  # no offset, size or dimension of a checkpoint array reaches 1 PiB
+MAX_JSON_BYTES = 1 << 30  # a save's metadata is a few KiB per table shard
+MAX_DIMS = 32  # numpy's own limit on dimensions
+_DTYPE = re.compile(r"^[<>|=][biuf][1248]$")  # byte order, numeric kind, item size: what ArrayFileWriter writes
 
 
 def fsync_directory(path: str) -> None:
@@ -157,8 +165,102 @@ class ArrayFileWriter:
             os.remove(self._tmp)
 
 
+def confined(directory: str, name: Any, what: str) -> str:
+    """``directory/name`` for a file name read from a checkpoint, refusing anything that could leave the folder.
+
+    The name must be a plain file name (a string without path separators, NUL, ``.`` or ``..``); if the file
+    exists, its real path (symbolic links resolved) must lie inside ``directory``'s real path.
+
+    Raises:
+        StorageError: the name is not a plain file name of ``directory``, or a symbolic link leads out of it.
+
+    Example::
+
+        confined("/ckpt/save-00000001", "rank-00000-of-00001.data", "the data file of table 'user'")
+    """
+    if (not isinstance(name, str) or name in ("", ".", "..") or "\0" in name or "/" in name
+            or (os.altsep is not None and os.altsep in name) or os.sep in name):
+        raise StorageError(
+            f"checkpoint folder '{directory}': {what} is named {name!r}, which is not a plain file name of the "
+            "folder (no path separators, '..' or absolute paths); the metadata is corrupted or crafted"
+        )
+    path = os.path.join(directory, name)
+    if os.path.lexists(path):
+        real, folder = os.path.realpath(path), os.path.realpath(directory)
+        if os.path.commonpath([real, folder]) != folder or real == folder:
+            raise StorageError(
+                f"checkpoint file '{path}' ({what}) is a symbolic link leading out of its folder (to '{real}'); "
+                "refusing to read it"
+            )
+    return path
+
+
+def open_regular(path: str, what: str, max_bytes: int) -> BinaryIO:
+    """Open ``path`` for reading, refusing anything but a regular file of at most ``max_bytes`` (a FIFO or device
+    would block or never end).
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        StorageError: it is not a regular file, or is larger than ``max_bytes``.
+        OSError: it cannot be opened.
+
+    Example::
+
+        with open_regular(path, "the metadata", MAX_JSON_BYTES) as f:
+            text = f.read()
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    f = os.fdopen(fd, "rb")
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+        f.close()
+        rule = "is not a regular file" if not stat.S_ISREG(info.st_mode) else f"has {info.st_size} bytes"
+        raise StorageError(f"checkpoint file '{path}' ({what}) {rule}; refusing to read it")
+    return f
+
+
+def _plain_int(value: Any, low: int, high: int) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def array_spec(entry: Any) -> Tuple[np.dtype, Tuple[int, ...], int, int, int]:
+    """``(dtype, shape, offset, nbytes, crc32)`` of an array's metadata entry, every field checked.
+
+    The dtype must be a plain numeric one (``<i8``, ``|b1``...), the shape non-negative ints whose product times
+    the item size is ``nbytes``, the offset past the header, all within :data:`MAX_BYTES`.
+
+    Raises:
+        ValueError: the entry is malformed (callers name the file).
+
+    Example::
+
+        dtype, shape, offset, nbytes, crc = array_spec(entry)
+    """
+    if not isinstance(entry, dict):
+        raise ValueError(f"an array entry must be a JSON object, got {type(entry).__name__}")
+    missing = [key for key in ARRAY_KEYS if key not in entry]
+    if missing:
+        raise ValueError(f"the array entry lacks {missing}")
+    dtype_text, shape, offset, nbytes, crc = (entry[key] for key in ARRAY_KEYS)
+    if not isinstance(dtype_text, str) or not _DTYPE.match(dtype_text):
+        raise ValueError(f"dtype {dtype_text!r} is not a plain numeric dtype ({NUMERIC_KINDS})")
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_plain_int(n, 0, MAX_BYTES) for n in shape):
+        raise ValueError(f"shape {shape!r} is not a list of at most {MAX_DIMS} non-negative ints")
+    if not _plain_int(offset, len(HEADER), MAX_BYTES) or not _plain_int(nbytes, 0, MAX_BYTES):
+        raise ValueError(f"offset {offset!r} / byte count {nbytes!r} out of range")
+    if not _plain_int(crc, 0, 2**32 - 1):
+        raise ValueError(f"checksum {crc!r} is not a CRC-32")
+    dtype = np.dtype(dtype_text)
+    if dtype.itemsize * math.prod(shape) != nbytes:
+        raise ValueError(f"shape {shape} of {dtype_text} needs {dtype.itemsize * math.prod(shape)} bytes, not {nbytes}")
+    return dtype, tuple(shape), offset, nbytes, crc
+
+
 def read_array(path: str, entry: Dict[str, Any], what: str) -> np.ndarray:
-    """Read one array of a data file back, checking the header, the size and the checksum.
+    """Read one array of a data file back, checking the entry, the header, the size and the checksum.
+
+    Nothing is allocated before the entry is found consistent and the file found long enough to hold the array,
+    so a crafted entry cannot ask for more memory than the file's size.
 
     Args:
         path: the data file.
@@ -176,16 +278,11 @@ def read_array(path: str, entry: Dict[str, Any], what: str) -> np.ndarray:
         ids = read_array(path, entry, "ids of table 'user'")
     """
     try:
-        dtype = np.dtype(entry["dtype"])
-        shape = tuple(int(n) for n in entry["shape"])
-        offset, nbytes, expected = int(entry["offset"]), int(entry["nbytes"]), int(entry["crc32"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise StorageError(f"checkpoint file '{path}': the metadata entry of {what} is malformed: {error}") from error
-    if dtype.kind not in NUMERIC_KINDS or dtype.itemsize * int(np.prod(shape)) != nbytes:
-        raise StorageError(f"checkpoint file '{path}': the metadata entry of {what} is inconsistent ({entry})")
-    out = np.empty(shape, dtype=dtype)
+        dtype, shape, offset, nbytes, expected = array_spec(entry)
+    except ValueError as error:
+        raise StorageError(f"checkpoint file '{path}': the metadata entry of {what} is inconsistent: {error}") from None
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, what, MAX_BYTES) as f:
             if f.read(len(HEADER)) != HEADER:
                 raise StorageError(
                     f"checkpoint file '{path}' is not a torchrec-ascend checkpoint data file of format version "
@@ -197,6 +294,7 @@ def read_array(path: str, entry: Dict[str, Any], what: str) -> np.ndarray:
                     f"checkpoint file '{path}' is truncated: {what} needs bytes {offset}..{offset + nbytes} but the "
                     f"file has {size}; load an earlier checkpoint version"
                 )
+            out = np.empty(shape, dtype=dtype)
             f.seek(offset)
             view = memoryview(out).cast("B") if nbytes else memoryview(bytearray())
             if f.readinto(view) != nbytes:
@@ -249,12 +347,14 @@ def read_json(path: str) -> Optional[Dict[str, Any]]:
         metadata = read_json("/ckpt/save-00000001/metadata.json")  # None while the save is incomplete
     """
     try:
-        with open(path) as f:
-            content = json.load(f)
+        with open_regular(path, "JSON", MAX_JSON_BYTES) as f:
+            content = json.loads(f.read())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as error:
-        raise StorageError(f"checkpoint file '{path}' cannot be read as JSON: {error}; it is corrupted") from error
+    except StorageError:
+        raise
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: nesting deeper than the parser goes
+        raise StorageError(f"checkpoint file '{path}' cannot be read as JSON: {error}; it is corrupted") from None
     if not isinstance(content, dict):
         raise StorageError(f"checkpoint file '{path}' does not hold a JSON object; it is corrupted")
     return content

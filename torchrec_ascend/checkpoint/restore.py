@@ -13,22 +13,29 @@ For each table shard of the model on this rank:
   updates are unchanged; policies start over (every ID counts as inserted at the saved step, admission state
   empty) and the table's counters move to its first row block.
 
+Nothing is changed before everything is read and checked (:func:`read_restores`), so a damaged or crafted
+checkpoint leaves the model as it was; a multi-rank load agrees across ranks between reading and applying.
+
 Example::
 
-    exact = restore_shards(shards, chain, strict=True)
+    restores = read_restores(shards, chain, strict=True)   # may raise; the model is unchanged
+    exact = apply_restores(shards, restores)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any, Dict, List, Tuple
+import os
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from torchrec_ascend.checkpoint.layout import ShardLayout
 from torchrec_ascend.checkpoint.records import assemble
 from torchrec_ascend.checkpoint.shard_files import read_chain_records, read_shard_state
-from torchrec_ascend.errors import ConfigError, StorageError
+from torchrec_ascend.errors import CapacityError, ConfigError, StorageError
+from torchrec_ascend.hash.slot_table import SlotTable
 from torchrec_ascend.kernels.fused import HashRows, ShardRows
 
 logger = logging.getLogger(__name__)
@@ -37,29 +44,45 @@ LocalShard = Tuple[HashRows, int, ShardLayout]
 Chain = List[Tuple[str, Dict[str, Any]]]
 
 
-def restore_shards(shards: List[LocalShard], chain: Chain, strict: bool) -> List[bool]:
-    """Restore every shard of ``shards`` from the saves of ``chain`` (full save first).
+@dataclasses.dataclass
+class Restore:
+    """What one local shard becomes: its records (slot table keys) and state, read and checked, not yet applied.
+
+    Attributes:
+        records: the shard's records (``None``: the table is not in the checkpoint and keeps its state).
+        state: as :meth:`HashRows.restore_shard` takes it.
+        exact: restored with the saved layout (else resharded).
+    """
+
+    records: Optional[ShardRows]
+    state: Dict[str, Any]
+    exact: bool
+
+
+def read_restores(shards: List[LocalShard], chain: Chain, strict: bool) -> List[Restore]:
+    """Read and check what every shard of ``shards`` becomes, changing nothing in the model.
+
+    Every array is read and checksummed, and every shard's records and state are checked against what its kernel
+    accepts (distinct IDs and slots in range, row width, the ID map's free slots, policy state: a trial restore
+    into a fresh slot table), so :func:`apply_restores` cannot fail on the checkpoint's content.
 
     Args:
         shards: ``(kernel, table index, layout)`` of this rank's table shards.
         chain: ``(directory, metadata)`` of the saves to read.
         strict: a table absent from the checkpoint is an error; else it is left as it is (with a warning).
 
-    Returns:
-        List[bool]: per shard, whether it was restored exactly (same layout) rather than resharded.
-
     Raises:
         ConfigError: a table is missing (``strict``), or saved with another dimension, key kind or optimizer.
-        StorageError: a checkpoint file is missing, truncated or corrupted, or the saved shards are inconsistent.
-        CapacityError: a FUSED shard cannot hold the IDs it owns.
+        StorageError: a checkpoint file is missing, truncated or corrupted, or the saved shards are inconsistent
+            (the message names the files).
+        CapacityError: a shard cannot hold the IDs it owns.
     """
     directory, final = chain[-1]
     saved: Dict[str, List[Tuple[ShardLayout, Dict[str, Any]]]] = {}
     for entry in final["shards"]:
         layout = _layout_of(entry, directory)
         saved.setdefault(layout.table, []).append((layout, entry))
-    exact_flags = []
-    iterations: Dict[int, int] = {}
+    restores = []
     for kernel, t, layout in shards:
         sources = saved.get(layout.table)
         if not sources:
@@ -69,23 +92,70 @@ def restore_shards(shards: List[LocalShard], chain: Chain, strict: bool) -> List
                     f"{sorted(saved)}); load with strict=False to leave it as initialised"
                 )
             logger.warning("checkpoint at '%s' has no table %r; it keeps its current state", directory, layout.table)
-            exact_flags.append(False)
+            restores.append(Restore(None, {}, False))
             continue
         _check_compatible(layout, sources[0][0], directory)
         exact = next((entry for source, entry in sources if source == layout), None)
         if exact is not None:
-            records = read_chain_records(_entries_of(chain, layout))
+            entries = _entries_of(chain, layout)
+            records = read_chain_records(entries)
             state = read_shard_state(directory, exact)
         else:
+            entries = [e for source, _ in sources for e in _entries_of(chain, source)]
             records, state = _resharded(layout, sources, chain)
-        kernel.restore_shard(t, ShardRows(layout.to_local(records.ids), records.slots, records.last_used,
-                                          records.rows), state)
-        iterations[id(kernel)] = max(iterations.get(id(kernel), 0), int(state.get("iteration", 0)))
-        exact_flags.append(exact is not None)
+        records = ShardRows(layout.to_local(records.ids), records.slots, records.last_used, records.rows)
+        _trial_restore(kernel, t, layout, records, state, sorted({os.path.join(d, e["file"]) for d, e in entries}))
+        restores.append(Restore(records, state, exact is not None))
+    return restores
+
+
+def apply_restores(shards: List[LocalShard], restores: List[Restore]) -> List[bool]:
+    """Restore every shard as :func:`read_restores` prepared it; returns the shards restored exactly.
+
+    Raises:
+        StorageError: a KEY_VALUE lower tier cannot take the rows (a disk failure).
+    """
+    iterations: Dict[int, int] = {}
+    for (kernel, t, _), restore in zip(shards, restores):
+        if restore.records is None:
+            continue
+        kernel.restore_shard(t, restore.records, restore.state)
+        iterations[id(kernel)] = max(iterations.get(id(kernel), 0), int(restore.state.get("iteration", 0)))
     for kernel, _, _ in shards:
         if id(kernel) in iterations:
             kernel.set_optimizer_iteration(iterations[id(kernel)])
-    return exact_flags
+    return [restore.exact for restore in restores]
+
+
+def _trial_restore(
+    kernel: HashRows, t: int, layout: ShardLayout, records: ShardRows, state: Dict[str, Any], files: List[str]
+) -> None:
+    """Check that ``kernel`` takes ``records`` and ``state`` without touching it: the row width, the keys, and
+    a restore into a fresh slot table of the same options (IDs, slots, free slots, policy state)."""
+    where = f"table {layout.table!r}: the checkpoint files {files}"
+    keys = records.ids
+    problem = None
+    if records.rows.shape[1:] != (kernel.row_width(t),):
+        problem = f"hold rows of {records.rows.shape[1]} elements, the shard's are {kernel.row_width(t)}"
+    elif keys.numel() and (int(keys.min()) < 0 or (not layout.hash_ids and int(keys.max()) >= layout.rows)):
+        problem = "hold IDs outside the shard's range (negative IDs, or rows beyond a plain shard)"
+    elif torch.unique(keys).numel() != keys.numel():
+        problem = "hold an ID twice"
+    elif not kernel.shard_info(t).lower_tiers and bool((records.slots < 0).any()):
+        problem = "hold rows without a pool slot, but a FUSED table keeps every row in its pool"
+    if problem is not None:
+        raise StorageError(f"{where} {problem}; the checkpoint is corrupted")
+    table = kernel.slot_table(t)
+    pooled = records.slots >= 0
+    try:
+        trial = SlotTable(table.table, table.spec, table.capacity + 1, table.overflow)
+        trial.restore(keys[pooled], records.slots[pooled], records.last_used[pooled], state)
+    except CapacityError:
+        raise
+    except ConfigError as error:
+        raise ConfigError(f"{where} do not fit the table: {error}") from None
+    except Exception as error:  # noqa: BLE001 - whatever a crafted state makes the slot table raise is corruption
+        raise StorageError(f"{where} do not restore: {type(error).__name__}: {error}; the checkpoint is corrupted") from None
 
 
 def _resharded(

@@ -37,7 +37,7 @@ import torch
 from torchrec_ascend.checkpoint.collectives import Group
 from torchrec_ascend.checkpoint.files import FORMAT_VERSION, ArrayFileWriter, write_json
 from torchrec_ascend.checkpoint.layout import ShardLayout
-from torchrec_ascend.checkpoint.restore import LocalShard, restore_shards
+from torchrec_ascend.checkpoint.restore import LocalShard, Restore, apply_restores, read_restores
 from torchrec_ascend.checkpoint.shard_files import write_shard
 from torchrec_ascend.checkpoint.versions import (
     FORMAT,
@@ -162,10 +162,16 @@ class Saver:
             )
         if extra:
             logger.warning("checkpoint at '%s': tables %s are not in the model and were not loaded", directory, extra)
-        exact: List[bool] = []
+        restores: List[Restore] = []
         error: Optional[BaseException] = None
         try:
-            exact = restore_shards(shards, chain, strict)
+            restores = read_restores(shards, chain, strict)  # every file read and checked, nothing changed yet
+        except Exception as err:  # every rank must learn of it before raising
+            error = err
+        group.agree("reading the checkpoint", error)
+        exact: List[bool] = []
+        try:
+            exact = apply_restores(shards, restores)
         except Exception as err:  # every rank must learn of it before raising
             error = err
         group.agree("restoring the tables", error)

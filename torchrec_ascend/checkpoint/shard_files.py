@@ -19,12 +19,13 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 import torch
 
-from torchrec_ascend.checkpoint.files import ArrayFileWriter, read_array
+from torchrec_ascend.checkpoint.files import ArrayFileWriter, confined, read_array
 from torchrec_ascend.checkpoint.layout import ShardLayout
+from torchrec_ascend.checkpoint.schema import RECORD_FIELDS
 from torchrec_ascend.checkpoint.records import apply_increment, concat, empty, select
+from torchrec_ascend.errors import StorageError
 from torchrec_ascend.kernels.fused import ShardRows
 
-RECORD_FIELDS = ("ids", "slots", "last_used", "rows")
 
 
 def write_shard(
@@ -84,7 +85,12 @@ def read_shard_state(directory: str, entry: Dict[str, Any]) -> Dict[str, Any]:
         value = torch.from_numpy(_read(directory, entry, array_entry, key))
         if "/" in key:  # a state dict of tensors (eviction, cadence, admission)
             group, name = key.split("/", 1)
-            state.setdefault(group, {})[name] = value
+            if not isinstance(state.setdefault(group, {}), dict):
+                raise StorageError(
+                    f"checkpoint folder '{directory}': table {entry['layout']['table']!r} saved {group!r} both as a "
+                    "value and as arrays; the metadata is corrupted"
+                )
+            state[group][name] = value
         else:
             state[key] = value
     return state
@@ -100,7 +106,7 @@ def read_chain_records(
         keep: a mask over global IDs (the IDs a new shard owns); records of other IDs are dropped as read.
 
     Raises:
-        StorageError: a data file is missing, truncated or corrupted.
+        StorageError: a data file is missing, truncated or corrupted, or one save holds an ID twice.
 
     Example::
 
@@ -109,27 +115,31 @@ def read_chain_records(
     width = ShardLayout.from_json(chain[0][1]["layout"]).width
     records = empty(width)
     for directory, entry in chain:
-        changed = concat([_read_block(directory, entry, block, keep) for block in entry["blocks"]], width)
+        blocks, all_ids = [], [torch.empty(0, dtype=torch.int64)]
+        for block in entry["blocks"]:
+            read = _read_block(directory, entry, block)
+            all_ids.append(read.ids)
+            blocks.append(select(read, keep(read.ids)) if keep is not None else read)  # others dropped as read
+        ids = torch.cat(all_ids)
+        if torch.unique(ids).numel() != ids.numel():
+            raise StorageError(
+                f"checkpoint file '{os.path.join(directory, entry['file'])}': table {entry['layout']['table']!r} "
+                "holds an ID in two records of one save; it is corrupted"
+            )
+        changed = concat(blocks, width)
         removed = torch.from_numpy(_read(directory, entry, entry["arrays"]["removed"], "removed"))
         records = apply_increment(records, changed, removed)
     return records
 
 
-def _read_block(
-    directory: str, entry: Dict[str, Any], block: Dict[str, Any], keep: Optional[Callable[[torch.Tensor], torch.Tensor]]
-) -> ShardRows:
-    ids = torch.from_numpy(_read(directory, entry, block["ids"], "ids"))
-    mask = keep(ids) if keep is not None else None
-    fields = {"ids": ids}
-    for name in RECORD_FIELDS[1:]:
-        fields[name] = torch.from_numpy(_read(directory, entry, block[name], name))
-    records = ShardRows(**fields)
-    return select(records, mask) if mask is not None else records
+def _read_block(directory: str, entry: Dict[str, Any], block: Dict[str, Any]) -> ShardRows:
+    return ShardRows(**{name: torch.from_numpy(_read(directory, entry, block[name], name)) for name in RECORD_FIELDS})
 
 
 def _read(directory: str, entry: Dict[str, Any], array_entry: Dict[str, Any], what: str) -> np.ndarray:
     table = entry["layout"]["table"]
-    return read_array(os.path.join(directory, entry["file"]), array_entry, f"{what} of table {table!r}")
+    what = f"{what} of table {table!r}"
+    return read_array(confined(directory, entry["file"], f"the data file of {what}"), array_entry, what)
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:

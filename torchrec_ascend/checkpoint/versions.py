@@ -27,7 +27,8 @@ import re
 import shutil
 from typing import Any, Dict, List, Optional, Tuple
 
-from torchrec_ascend.checkpoint.files import FORMAT_VERSION, fsync_directory, read_json
+from torchrec_ascend.checkpoint.files import FORMAT_VERSION, confined, fsync_directory, read_json
+from torchrec_ascend.checkpoint.schema import check_files, check_metadata
 from torchrec_ascend.errors import StorageError
 
 logger = logging.getLogger(__name__)
@@ -106,7 +107,8 @@ def read_metadata(root: str, version: int) -> Optional[Dict[str, Any]]:
 
         read_metadata("/ckpt", 3) is None   # save 3 was interrupted
     """
-    path = os.path.join(save_directory(root, version), METADATA)
+    directory = confined(root, os.path.basename(save_directory(root, version)), "a save folder")
+    path = confined(directory, METADATA, "the metadata")
     metadata = read_json(path)
     if metadata is None:
         return None
@@ -117,9 +119,7 @@ def read_metadata(root: str, version: int) -> Optional[Dict[str, Any]]:
             f"checkpoint file '{path}' has format version {metadata['format_version']}; this torchrec-ascend reads up "
             f"to {FORMAT_VERSION}: upgrade torchrec-ascend to load it"
         )
-    for key in ("version", "kind", "chain", "world_size", "id", "created", "shards", "files"):
-        if key not in metadata:
-            raise StorageError(f"checkpoint file '{path}' lacks the field {key!r}; it is corrupted")
+    check_metadata(path, metadata, version)
     return metadata
 
 
@@ -164,13 +164,15 @@ def resolve_chain(root: str, version: Optional[int] = None) -> List[Tuple[str, D
         )
     chain = []
     for link in target["chain"]:
-        metadata = target if link == version else read_metadata(root, int(link))
+        metadata = target if link == version else read_metadata(root, link)
         if metadata is None:
             raise StorageError(
                 f"checkpoint path '{root}': save {version} is an increment over save {link}, which is missing or "
                 "incomplete; load an earlier full save"
             )
-        chain.append((save_directory(root, int(link)), metadata))
+        directory = save_directory(root, link)
+        check_files(directory, metadata)
+        chain.append((directory, metadata))
     return chain
 
 

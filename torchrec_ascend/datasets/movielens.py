@@ -21,12 +21,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Optional, Union
 
@@ -39,6 +41,7 @@ DATA_ENV = "TORCHREC_ASCEND_DATA"
 RECBOLE_REQUIREMENT = "recbole==1.2.1"
 RECBOLE_WHEEL = "recbole-1.2.1-py3-none-any.whl"
 ML100K_INTER = "recbole/dataset_example/ml-100k/ml-100k.inter"
+MAX_INTER_BYTES = 64 << 20  # the MovieLens-100K interaction file has 2.2 MB
 
 # Columns every interaction file must have, as RecBole names them, and the dtype each becomes.
 INTER_COLUMNS = {"user_id": torch.int64, "item_id": torch.int64, "rating": torch.float32, "timestamp": torch.float64}
@@ -149,14 +152,19 @@ def load_movielens_100k(cache_dir: Optional[Union[str, Path]] = None) -> Interac
         data.max_item_id   # 1682
     """
     wheel = fetch_recbole_wheel(Path(cache_dir) if cache_dir is not None else default_cache_dir())
+    advice = f"Delete the file so it is downloaded again, or replace it with a good copy of {RECBOLE_WHEEL} from PyPI."
     try:
-        with zipfile.ZipFile(wheel) as archive:
+        with open(wheel, "rb") as file, zipfile.ZipFile(file) as archive:
+            size = archive.getinfo(ML100K_INTER).file_size
+            if size > MAX_INTER_BYTES:  # checked before anything is decompressed: a crafted archive could ask for more
+                raise StorageError(f"{wheel}!{ML100K_INTER} says it holds {size} bytes, more than the "
+                                   f"{MAX_INTER_BYTES} an interaction file may have. {advice}")
             text = archive.read(ML100K_INTER).decode("utf-8")
-    except (zipfile.BadZipFile, KeyError, OSError) as err:
-        raise StorageError(
-            f"cannot read {ML100K_INTER} from {wheel}: {type(err).__name__}: {err}. Delete the file so it is "
-            f"downloaded again, or replace it with a good copy of {RECBOLE_WHEEL} from PyPI."
-        ) from err
+    except StorageError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, OSError, EOFError, ValueError, RuntimeError,
+            NotImplementedError, zlib.error) as err:  # what zipfile raises on damaged, encrypted or odd archives
+        raise StorageError(f"cannot read {ML100K_INTER} from {wheel}: {type(err).__name__}: {err}. {advice}") from None
     return parse_inter_file(text, source=f"{wheel}!{ML100K_INTER}")
 
 
@@ -173,13 +181,20 @@ def fetch_recbole_wheel(cache_dir: Path) -> Path:
         Path: the wheel.
 
     Raises:
-        StorageError: ``pip download`` failed or produced no wheel; the message says where to place it by hand.
+        StorageError: ``pip download`` failed or produced no wheel (the message says where to place it by hand),
+            or the cached wheel is not a regular file of the folder (a symbolic link leading out of it, a folder).
 
     Example::
 
         fetch_recbole_wheel(Path("/tmp/data"))   # PosixPath('/tmp/data/recbole-1.2.1-py3-none-any.whl')
     """
     wheel = cache_dir / RECBOLE_WHEEL
+    if wheel.is_symlink() and os.path.commonpath([os.path.realpath(wheel), os.path.realpath(cache_dir)]) != \
+            os.path.realpath(cache_dir):
+        raise StorageError(f"{wheel} is a symbolic link leading out of the data cache folder (to "
+                           f"{os.path.realpath(wheel)}); copy the wheel there instead of linking it.")
+    if wheel.exists() and not wheel.is_file():
+        raise StorageError(f"{wheel} is not a regular file; remove it so the wheel is downloaded again.")
     if wheel.is_file():
         return wheel
     manual = (
@@ -224,7 +239,8 @@ def parse_inter_file(text: str, source: str = "<string>") -> Interactions:
 
     Raises:
         StorageError: a required column is missing, a line has the wrong number of fields, or a value does not
-            parse (IDs must be non-negative integers); the message names the file, line and column.
+            parse (IDs must be non-negative integers, other values finite numbers); the message names the file, line
+            and column.
 
     Example::
 
@@ -254,10 +270,10 @@ def _column(rows: np.ndarray, index: int, name: str, dtype: torch.dtype, source:
     cells = rows[:, index]
     is_id = dtype == torch.int64
     try:
-        values = torch.from_numpy(cells.astype(np.int64 if is_id else np.float64)).to(dtype)
-        if is_id and bool((values < 0).any()):
-            raise ValueError("negative ID")
-        return values
+        parsed = cells.astype(np.int64 if is_id else np.float64)
+        if (is_id and bool((parsed < 0).any())) or (not is_id and not bool(np.isfinite(parsed).all())):
+            raise ValueError("negative ID or a value that is not finite")
+        return torch.from_numpy(parsed).to(dtype)
     except (ValueError, OverflowError):
         bad = _first_bad(cells, is_id)
         rule = "a non-negative integer ID" if is_id else "a number"
@@ -268,9 +284,8 @@ def _first_bad(cells: np.ndarray, is_id: bool) -> int:
     """Index of the first cell that does not parse (only called on the error path)."""
     for position, cell in enumerate(cells.tolist()):
         try:
-            if is_id and not 0 <= int(cell) < 2**63:
+            if (is_id and not 0 <= int(cell) < 2**63) or not math.isfinite(float(cell)):
                 return position
-            float(cell)
         except ValueError:
             return position
     return 0
