@@ -18,7 +18,8 @@ index (initialised from the global row index).
 
 Sizes, set the way TorchRec users set them (``ParameterConstraints``):
 
-* ``cache_params=CacheParams(load_factor=f)``: cache rows = ``ceil(f * shard rows)`` (default 0.2), at least 2;
+* ``cache_params=CacheParams(load_factor=f)``: the cache holds ``ceil(f * shard rows)`` rows (default 0.2), plus one
+  extra row for the not-admitted vector, so ``load_factor=1.0`` holds the whole shard and trains exactly as FUSED;
 * ``key_value_params=KeyValueParams(l2_cache_size=GB, ssd_storage_directory=DIR)``: the host budget in GB (fractional
   values allowed; default unbounded) and the directory of the disk tier (default: none, so an exhausted host budget
   is an error naming the table). Each rank and table gets its own subdirectory.
@@ -45,6 +46,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, hash_spec_of
 from torchrec_ascend.hash.slot_table import Assignment
+from torchrec_ascend.kernels import ops
 from torchrec_ascend.kernels.fused import HashRows, ShardInfo, ShardRows
 from torchrec_ascend.kernels.key_value.disk_store import DiskStore
 from torchrec_ascend.kernels.key_value.host_store import HostStore
@@ -58,11 +60,17 @@ _NOT_TBE_PARAMS = {f.name for f in KeyValueParams.__dataclass_fields__.values()}
 
 
 def cache_rows(local_rows: int, load_factor: Optional[float]) -> int:
-    """Device-cache rows for a shard of ``local_rows`` rows (one of them reserved for the not-admitted vector)."""
+    """Device-cache rows for a shard of ``local_rows`` rows: ``ceil(load_factor * local_rows)`` rows for IDs (at least
+    one) plus the reserved row of the not-admitted vector, so ``load_factor=1.0`` caches the whole shard.
+
+    Example::
+
+        cache_rows(5, 1.0)   # 6: every row of the shard, and the reserved one
+    """
     factor = DEFAULT_LOAD_FACTOR if load_factor is None else load_factor
     if not 0.0 < factor <= 1.0:
         raise ConfigError(f"key_value: CacheParams(load_factor={factor}) must be in (0, 1]")
-    return min(local_rows, max(2, math.ceil(factor * local_rows)))
+    return max(1, math.ceil(factor * local_rows)) + 1
 
 
 def _cache_table(table: Any, load_factor: Optional[float]) -> Any:
@@ -153,8 +161,53 @@ class KeyValueRows(HashRows):
         self._batches = 0
 
     def _known(self, t: int) -> Any:
-        # IDs with a row below the cache: admitted already, and looked up (swapped in) in eval mode too.
+        # IDs with a row below the cache: admitted already, and looked up (swapped in) in eval mode too. Every row of
+        # a plain table exists (a row never trained is its initial value), as in a FUSED plain table.
+        if not self._is_hash[t]:
+            return lambda keys: torch.ones(keys.shape, dtype=torch.bool)
         return self._stores[t].contains
+
+    def _fits(self, features: KeyedJaggedTensor) -> bool:
+        """Whether the cache can take this batch's rows now (the rows of batches in flight stay pinned)."""
+        return all(t.can_fit(ids) for t, ids in zip(self._slot_tables, self._ids_per_table(features)))  # type: ignore
+
+    def rows_from_tiers(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
+        """Per feature, the current row of each of its IDs (this shard's columns), read from whichever tier holds it.
+
+        For evaluation batches larger than the cache: nothing moves between tiers and no counter changes. Unknown
+        IDs of a hash table read the not-admitted vector; rows of a plain table never trained read their initial
+        value (as they would in a FUSED table).
+
+        Returns:
+            List[Tensor]: per feature of ``features``, float32 ``[its IDs, its table's local columns]``.
+
+        Example::
+
+            rows = kernel.rows_from_tiers(kjt)   # kjt: this kernel's features, raw IDs
+        """
+        per_feature = list(torch.split(features.values(), features.length_per_key()))
+        out: List[Any] = [None] * len(per_feature)
+        for t, table in enumerate(self._slot_tables):  # type: ignore[attr-defined]
+            features_of_t = [i for i, ft in enumerate(self._feature_table_map) if ft == t]  # type: ignore
+            if not features_of_t:
+                continue
+            ids = torch.cat([per_feature[i] for i in features_of_t]).long()
+            unique, inverse, _ = ops.hash_unique(ids)
+            cols = self._local_cols[t]  # type: ignore[attr-defined]
+            rows = torch.full((unique.numel(), cols), self._specs[t].not_admitted_value)  # type: ignore[attr-defined]
+            slots = table.id_map.lookup(unique)
+            cached = slots >= 0
+            rows[cached] = self._pool_weights(t)[slots[cached]].float()  # type: ignore[attr-defined]
+            below = (~cached).nonzero().squeeze(1)
+            stored, found = self._read_stored(t, unique[below])
+            rows[below[found]] = stored[found, :cols].float()
+            if not self._is_hash[t]:
+                fresh = below[~found]
+                rows[fresh] = self.initial_rows(t, unique[fresh] + self._key_offsets[t]).float()  # type: ignore
+            per_id = rows[inverse]
+            for i, part in zip(features_of_t, torch.split(per_id, [per_feature[i].numel() for i in features_of_t])):
+                out[i] = part
+        return out
 
     def _rows_left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
         # Every cached row was trained (eval lookups do not insert), so every evicted row is written back.
@@ -284,7 +337,30 @@ class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
         self._init_key_value(config)
 
     def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if not self.training and not features.variable_stride_per_key() and not self._fits(features):
+            return self._pooled_from_tiers(features)
         return BatchedFusedEmbeddingBag.forward(self, self.lookup_rows(features), *args, **kwargs)
+
+    def _pooled_from_tiers(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        """The TBE's pooled output ``[B, sum of feature dims]`` computed from :meth:`rows_from_tiers` (evaluation)."""
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+
+        rows = self.rows_from_tiers(features)
+        weights = features.weights_or_none()
+        if weights is not None:
+            rows = [r * w.unsqueeze(1).float() for r, w in zip(rows, torch.split(weights, features.length_per_key()))]
+        lengths = features.lengths().long()
+        batch = features.stride()
+        bags = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        mean = self._emb_module.pooling_mode == PoolingMode.MEAN  # type: ignore[attr-defined]
+        pooled = []
+        for i, part in enumerate(rows):
+            feature_bags = bags[features.offset_per_key()[i]:features.offset_per_key()[i + 1]] - i * batch
+            sums = torch.zeros(batch, part.shape[1]).index_add_(0, feature_bags, part)
+            if mean:
+                sums = sums / lengths[i * batch:(i + 1) * batch].clamp(min=1).unsqueeze(1)
+            pooled.append(sums)
+        return torch.cat(pooled, dim=1) if pooled else torch.zeros(batch, 0)
 
 
 class KeyValueEmbedding(KeyValueRows, BatchedFusedEmbedding):
@@ -295,6 +371,9 @@ class KeyValueEmbedding(KeyValueRows, BatchedFusedEmbedding):
         self._init_key_value(config)
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        if not self.training and not self._fits(features):
+            rows = self.rows_from_tiers(features)  # evaluation larger than the cache: nothing is swapped
+            return torch.cat(rows) if rows else torch.zeros(0, self._local_cols[0])  # type: ignore[attr-defined]
         return BatchedFusedEmbedding.forward(self, self.lookup_rows(features))
 
 
