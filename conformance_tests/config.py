@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -32,7 +33,11 @@ OPTIONS = {
     "--conformance-policy": ("--policy", (), "check this policy (NAME or NAME=JSON-options); repeatable; "
                                             "default: every installed policy"),
     "--conformance-quick": ("--quick", False, "fewer cases and steps, one case per area"),
+    "--conformance-emulate": ("--emulate", False, "run on torchrec_ascend.testing's emulated NPU (with --device "
+                                                  "npu; refused where torch_npu is installed)"),
 }
+#: The device the emulator presents (``--emulate``).
+EMULATED_DEVICE = "npu"
 
 
 def add_options(add: Callable[..., Any], cli: bool) -> None:
@@ -61,9 +66,11 @@ class SuiteConfig:
         world_size (int): ranks of the multi-process checks (the error checks always use one).
         policies (Tuple[str, ...]): ``NAME`` or ``NAME=JSON`` policies to check; empty: every installed policy.
         quick (bool): fewer cases and steps, keeping at least one case per area.
+        emulate (bool): run on ``torchrec_ascend.testing``'s emulated NPU instead of Ascend hardware.
 
     Raises:
-        ConfigError: ``world_size`` below 1 or a malformed policy spec.
+        ConfigError: ``world_size`` below 1, a malformed policy spec, ``emulate`` with a device other than ``npu``,
+            or ``emulate`` where torch_npu is installed (the emulator and the real device cannot share a process).
         BackendError: (from :attr:`profile`) no backend profile declares ``device``.
 
     Example::
@@ -75,10 +82,22 @@ class SuiteConfig:
     world_size: int = 2
     policies: Tuple[str, ...] = ()
     quick: bool = False
+    emulate: bool = False
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ConfigError(f"--world-size must be at least 1, got {self.world_size}")
+        if self.emulate and self.device != EMULATED_DEVICE:
+            raise ConfigError(
+                f"--emulate emulates the {EMULATED_DEVICE} device only, got --device {self.device}: use "
+                f"--device {EMULATED_DEVICE} --emulate, or drop --emulate to check {self.device} itself"
+            )
+        if self.emulate and importlib.util.find_spec("torch_npu") is not None:
+            raise ConfigError(
+                "--emulate refuses to run where torch_npu is installed: the emulator would take the npu device "
+                "type torch_npu registers. Check the real device with --device npu (no --emulate), or run the "
+                "emulated suite in an environment without torch_npu"
+            )
         for spec in self.policies:
             parse_policy(spec)
 
@@ -94,6 +113,7 @@ class SuiteConfig:
             world_size=value["conformance_world_size"],
             policies=tuple(value["conformance_policy"] or ()),
             quick=value["conformance_quick"],
+            emulate=value["conformance_emulate"],
         )
 
     @functools.cached_property
@@ -112,9 +132,19 @@ class SuiteConfig:
             )
         return profile
 
+    @property
+    def device_name(self) -> str:
+        """The device as the summary names it: ``npu (emulated)`` under ``--emulate``, else :attr:`device`."""
+        return f"{self.device} (emulated)" if self.emulate else self.device
+
     def absent_reason(self) -> str:
-        """Why the device-bound checks cannot run here (``""`` when the device is present)."""
-        return "" if self.profile.detect() else f"no {self.device} device here ({self.profile.description})"
+        """Why the device-bound checks cannot run here (``""`` when the device is present or emulated)."""
+        if self.emulate or self.profile.detect():
+            return ""
+        hint = f"; get it with pip install {self.profile.installed_with}" if self.profile.installed_with else ""
+        if self.device == EMULATED_DEVICE:
+            hint += f", or check the NPU path without hardware on the emulated NPU: --device {self.device} --emulate"
+        return f"no {self.device} device here ({self.profile.description}){hint}"
 
     def run_script(self, script: Path, cases: List[Case], world_size: Optional[int] = None,
                    timeout: float = 600.0) -> "ScriptRun":
@@ -134,7 +164,7 @@ class SuiteConfig:
                 on another device than :attr:`device` (a script that does not read ``DEVICE_ENV`` yet).
         """
         runnable = [c for c in cases if not c.skip]
-        env = script_env(self.profile.device_type, self.profile.collective_backend)
+        env = script_env(self.profile.device_type, self.profile.collective_backend, self.emulate)
         run = run_distributed(script, world_size or self.world_size, [c.params for c in runnable], env, timeout)
         if ran_on(run) != self.device:
             raise LaunchError(

@@ -5,6 +5,10 @@ A check module derives its cases from the suite settings (``cases.py``), paramet
 (:func:`launch`) and reads each case's result in the test (:func:`result_of`); :func:`script_check` makes the hook
 and the fixture. Skipped cases never launch anything.
 
+A case that trains must report where its tensors lived (``residency``, see ``plugin/runner.py``): :func:`result_of`
+fails it when any part lived off the suite's device, and attaches the residency and the per-kernel copy and sync
+counts to the test's report for the summary table.
+
 Example::
 
     pytest_generate_tests, run = script_check(SCRIPT, cases_of)
@@ -29,6 +33,10 @@ def parametrize(metafunc: Any, derive: Callable[[SuiteConfig], List[Case]], name
     if name in metafunc.fixturenames:
         cases = derive(SuiteConfig.from_pytest(metafunc.config))
         metafunc.parametrize(name, cases, ids=[c.id for c in cases])
+
+
+#: Parts a training case must report tensors for (``optimizer`` may be empty: SGD holds no state).
+REQUIRED_PARTS = ("parameters", "outputs")
 
 
 def script_check(
@@ -61,14 +69,45 @@ def launch(suite: SuiteConfig, script: Path, cases: List[Case], world_size: Opti
     return suite.run_script(script, cases, world_size, timeout)
 
 
-def result_of(request: Any, fixture: str, case: Case) -> Dict[str, Any]:
+def result_of(request: Any, fixture: str, case: Case, trains: bool = True) -> Dict[str, Any]:
     """The result of ``case`` from the module's launch fixture, failing with the script's traceback on an error.
 
     Skips a case that carries a skip reason before the fixture (and its launch) is requested.
+
+    Args:
+        trains: the case trains a model, so it must report ``residency`` on the suite's device
+            (see :func:`check_residency`).
     """
     if case.skip:
         pytest.skip(case.skip)
     run: ScriptRun = request.getfixturevalue(fixture)
     result = run.results[case.id]
     assert not result.get("error"), result.get("traceback") or result["error"]
+    if result.get("transfers"):
+        request.node.user_properties.append(("transfers", result["transfers"]))
+    if trains:
+        suite: SuiteConfig = request.getfixturevalue("suite")
+        check_residency(result.get("residency"), suite.device)
+        request.node.user_properties.append(("residency", result["residency"]))
     return result
+
+
+def check_residency(where: Optional[Dict[str, List[str]]], device: str) -> None:
+    """Fail unless every part of ``where`` (part -> device types, from a script's ``residency``) lived on ``device``.
+
+    Raises:
+        AssertionError: no residency reported, a required part (:data:`REQUIRED_PARTS`) held no tensor, or a part
+            held tensors on another device type; the message names the parts and where they were.
+
+    Example::
+
+        check_residency({"parameters": ["npu"], "optimizer": [], "inputs": ["npu"], "outputs": ["npu"]}, "npu")
+    """
+    assert where, f"the case reported no residency: nothing shows it trained on {device}"
+    empty = [part for part in REQUIRED_PARTS if not where.get(part)]
+    assert not empty, f"the case reported no tensors for {', '.join(empty)}: nothing shows they were on {device}"
+    off = {part: types for part, types in where.items() if set(types) - {device}}
+    assert not off, (
+        f"asked for {device}, the case trained on other tensors: "
+        + "; ".join(f"{part} on {', '.join(types)}" for part, types in off.items())
+    )

@@ -29,6 +29,8 @@ STOCK_SCRIPTS = Path(__file__).parent / "stock"
 DEVICE_ENV = "TORCHREC_ASCEND_CONFORMANCE_DEVICE"
 #: ``torch.distributed`` backend the scripts initialise their process group with (default ``gloo``).
 BACKEND_ENV = "TORCHREC_ASCEND_CONFORMANCE_BACKEND"
+#: ``1``: the ranks run on torchrec_ascend.testing's emulated NPU (``torchrec-ascend conformance --emulate``).
+EMULATE_ENV = "TORCHREC_ASCEND_CONFORMANCE_EMULATE"
 _DEFAULT_DEVICE, _DEFAULT_BACKEND = "cpu", "gloo"
 
 
@@ -72,19 +74,33 @@ def run_distributed(
         return json.loads(out.read_text())
 
 
-def script_env(device_type: str, collective_backend: str) -> Dict[str, str]:
+def script_env(device_type: str, collective_backend: str, emulate: bool = False) -> Dict[str, str]:
     """The environment telling a script's ranks where to run (pass it as ``run_distributed(..., env=...)``).
 
     Args:
         device_type: ``torch.device`` type, e.g. the backend profile's ``device_type``.
         collective_backend: ``torch.distributed`` backend, e.g. the profile's ``collective_backend``.
+        emulate: the ranks load the emulated NPU (see :func:`load_emulator`).
 
     Example::
 
         profile = backends.profile_for("cpu")
         run_distributed(script, 2, cases, env=script_env(profile.device_type, profile.collective_backend))
     """
-    return {DEVICE_ENV: device_type, BACKEND_ENV: collective_backend}
+    return {DEVICE_ENV: device_type, BACKEND_ENV: collective_backend, EMULATE_ENV: "1" if emulate else "0"}
+
+
+def load_emulator() -> None:
+    """Load the emulated NPU in this rank when the suite asks (:data:`EMULATE_ENV`); otherwise do nothing.
+
+    Example::
+
+        load_emulator()   # then torch.device("npu", LOCAL_RANK) is the emulator's
+    """
+    if os.environ.get(EMULATE_ENV) == "1":
+        from torchrec_ascend.testing import npu_emulator
+
+        npu_emulator.install()
 
 
 def process_group_backend() -> str:

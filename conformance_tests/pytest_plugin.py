@@ -10,6 +10,9 @@ same checks::
 Without ``-p`` the suite's ``conftest.py`` loads this plugin while collecting, too late for options: the run uses
 the defaults (cpu, 2 ranks, every installed policy, full). The plugin is inert in sessions that collect no
 conformance check: the table only counts tests of this package.
+
+A run that checked nothing exits non-zero (:data:`NOTHING_CHECKED`) saying so: every case skipped, or the device
+under test is absent, so the checks that train on it skipped.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ from typing import Any, Dict
 import pytest
 
 from torchrec_ascend.conformance_tests.config import CHECKS, SuiteConfig, add_options
-from torchrec_ascend.conformance_tests.summary import CaseOutcome, check_of, format_table, record, summarize
+from torchrec_ascend.conformance_tests.summary import (
+    CaseOutcome, check_of, format_table, format_transfers, record, summarize, transfer_rows,
+)
 
 PACKAGE_DIR = Path(__file__).parent
+#: Exit status of a run that checked nothing on its device (pytest's own codes are 0-5).
+NOTHING_CHECKED = 6
 
 
 class _Summary:
@@ -44,7 +51,25 @@ class _Summary:
             return
         skipped = report.skipped and isinstance(report.longrepr, tuple)
         reason = report.longrepr[2].removeprefix("Skipped: ") if skipped else ""
-        record(self.outcomes, report.nodeid, check, report.when, report.outcome, report.duration, reason)
+        properties = dict(report.user_properties)
+        record(self.outcomes, report.nodeid, check, report.when, report.outcome, report.duration, reason,
+               properties.get("residency"), properties.get("transfers"))
+
+    def nothing_checked(self, suite: SuiteConfig) -> str:
+        """Why this run checked nothing on the suite's device (``""`` when it did)."""
+        cases = self.outcomes.values()
+        if cases and all(c.outcome == "skipped" for c in cases):
+            return "every case skipped: nothing was checked"
+        absent = suite.absent_reason()
+        if absent and any(c.reason == absent for c in cases):
+            return f"the device under test is absent, its checks skipped: {absent}"
+        return ""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
+        why = self.nothing_checked(SuiteConfig.from_pytest(session.config))
+        if why and exitstatus == 0:
+            session.exitstatus = NOTHING_CHECKED
 
     @pytest.hookimpl(trylast=True)
     def pytest_terminal_summary(self, terminalreporter: Any, config: Any) -> None:
@@ -52,11 +77,19 @@ class _Summary:
         if not rows:
             return
         suite = SuiteConfig.from_pytest(config)
-        title = (f"torchrec-ascend conformance: device {suite.device}, {suite.world_size} rank(s), "
+        title = (f"torchrec-ascend conformance: device {suite.device_name}, {suite.world_size} rank(s), "
                  f"{'quick' if suite.quick else 'full'} run")
         terminalreporter.write_sep("=", "conformance summary")
         for line in format_table(rows, title).splitlines():
             terminalreporter.write_line(line)
+        transfers = format_transfers(transfer_rows(self.outcomes))
+        if transfers:
+            terminalreporter.write_line(f"host<->device copies and host syncs per training step on {suite.device_name}:")
+            for line in transfers.splitlines():
+                terminalreporter.write_line(line)
+        why = self.nothing_checked(suite)
+        if why:
+            terminalreporter.write_line(f"FAILED: {why} (exit status {NOTHING_CHECKED})", red=True)
 
 
 def pytest_addoption(parser: Any) -> None:

@@ -27,7 +27,7 @@ pytest_generate_tests, run = script_check(SCRIPT, cases_of)
 
 
 def test_case(case: Case, request: Any) -> None:
-    r = result_of(request, "run", case)
+    r = result_of(request, "run", case, trains=case.params["kind"] != "raise")
     assert r["threads_left"] == 0, "pipeline threads outlived the pipeline"
     if case.params["kind"] == "raise":
         stage, at = case.expect["stage"], case.params["at"]

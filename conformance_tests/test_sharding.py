@@ -36,7 +36,8 @@ def test_entry_point_activated_the_plugin(matrix: ScriptRun) -> None:
 
 
 def test_case(case: Case, request: Any) -> None:
-    result = result_of(request, "matrix", case)
+    # The stock script never imports torchrec_ascend: it reports where it ran in its info only (run_script checks).
+    result = result_of(request, "matrix", case, trains=False)
     assert result["fwd_err"] <= TOLERANCE, f"forward output differs from the unsharded reference by {result['fwd_err']}"
     assert result["weight_err"] <= TOLERANCE, f"weights differ from the unsharded reference by {result['weight_err']}"
     assert result["moved"] > MOVED, "the weights did not move: the comparison would prove nothing"

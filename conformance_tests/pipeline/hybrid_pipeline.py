@@ -25,18 +25,18 @@ Case kinds (JSON objects; ``model`` is ``ebc``, ``ec`` or ``both``, ``sharding_t
 Training cases also report ``mirrors`` (groups the pipeline created) and ``input_dists_on_mirrors`` (every
 pipelined input dist issues its all-to-alls there, never on the model's group).
 
-Every case also reports ``threads_left``: pipeline threads alive after its pipeline stopped. Rank 0 writes one result
-per case; numbers are the worst over ranks.
+Every case also reports ``threads_left``: pipeline threads alive after its pipeline stopped; training cases report
+``residency`` (where the pipelined model's parameters, optimizer state, batches and outputs lived: the suite's
+device, ``launch.script_device()``). Rank 0 writes one result per case (``plugin/runner.py``); errors and thread
+counts are the worst over ranks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
-import json
-import sys
 import threading
-import traceback
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -54,9 +54,8 @@ from torchrec.streamable import Pipelineable
 
 from torchrec_ascend import get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.conformance_tests.plugin.runner import start_rank
+from torchrec_ascend.conformance_tests.plugin.runner import main, residency
 from torchrec_ascend.pipeline import HybridTrainPipelineSparseDist, PipelineStageError
-from torchrec_ascend.shutdown import end_rank
 
 POOLED_TABLES = [("t0", 64, 8), ("t1", 96, 8)]  # name, rows, dim
 SEQUENCE_TABLES = [("s0", 80, 8)]
@@ -162,14 +161,14 @@ def shard(
         for n, _, _ in POOLED_TABLES + SEQUENCE_TABLES
     }
     planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=pg.size(), compute_device="cpu"), constraints=constraints
+        topology=Topology(world_size=pg.size(), compute_device=script_device().type), constraints=constraints
     )
     sharders = get_default_hybrid_sharders(use_index_dedup=True) if dedup else get_default_sharders()
     plan = planner.plan(model, sharders)  # every rank plans the same plan (no collective_plan: see sharding_matrix)
     dmp = DistributedModelParallel(
-        model, env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"), plan=plan, sharders=sharders
+        model, env=ShardingEnv.from_process_group(pg), device=script_device(), plan=plan, sharders=sharders
     )
-    with torch.no_grad():  # CPU DMP re-initialises tables at sharding: write the shared initial weights back
+    with torch.no_grad():  # DMP re-initialises tables at sharding: write the shared initial weights back
         for name, value in dmp.state_dict().items():
             full = initial[name[len("module."):] if name.startswith("module.") else name]
             for local, offsets in local_pieces(value):
@@ -201,7 +200,7 @@ def plain_outputs(dmp: Any, dense: Any, batches: List[HybridBatch]) -> List[torc
     outputs = []
     for batch in batches:
         dense.zero_grad()
-        loss, logits = dmp(batch)
+        loss, logits = dmp(batch.to(script_device()))
         torch.sum(loss, dim=0).backward()
         dense.step()
         outputs.append(logits.detach().clone())
@@ -259,7 +258,7 @@ def run_training(case: Dict[str, Any], ref: _Reference, pg: dist.ProcessGroup) -
     execute_all = case.get("execute_all_batches", True)
     dmp, dense = shard(kind, sharding_type, pg, ref.initial[kind], case.get("dedup") == "index_dedup")
     pipeline = HybridTrainPipelineSparseDist(
-        dmp, dense, torch.device("cpu"), pipe_n_batch=case["depth"], host_threads=case.get("host_threads", 2),
+        dmp, dense, script_device(), pipe_n_batch=case["depth"], host_threads=case.get("host_threads", 2),
         execute_all_batches=execute_all,
     )
     outputs: List[torch.Tensor] = []
@@ -270,7 +269,7 @@ def run_training(case: Dict[str, Any], ref: _Reference, pg: dist.ProcessGroup) -
             model = pipeline.detach()
             detached_threads = pipeline_threads()
             with torch.no_grad():
-                model(make_batch(999, rank))  # the original forward works while detached
+                model(make_batch(999, rank).to(script_device()))  # the original forward works while detached
             detach_at = None
         try:
             outputs.append(pipeline.progress(batches).detach().clone())
@@ -287,6 +286,7 @@ def run_training(case: Dict[str, Any], ref: _Reference, pg: dist.ProcessGroup) -
         "mirrors": len(pipeline._resources.groups.groups()),
         "input_dists_on_mirrors": input_dists_on_mirrors(dmp, pipeline._resources.groups.groups()),
         "index_dedup": any(getattr(m, "_use_index_dedup", False) for m in dmp.modules()),
+        "residency": residency(parameters=dmp, optimizer=[dmp.fused_optimizer, dense], inputs=[], outputs=outputs),
     }
     if case.get("detach_at") is not None:
         result["detached_threads"] = detached_threads
@@ -311,7 +311,7 @@ def run_raise(case: Dict[str, Any], ref: _Reference, pg: dist.ProcessGroup) -> D
         sharded.prefetch = fail_on_call(sharded.prefetch, at, "prefetch")
     if where == "compute":
         dmp.module.head.forward = fail_on_call(dmp.module.head.forward, at, "head", skip=torch.fx.Proxy)
-    pipeline = HybridTrainPipelineSparseDist(dmp, dense, torch.device("cpu"), pipe_n_batch=case["depth"])
+    pipeline = HybridTrainPipelineSparseDist(dmp, dense, script_device(), pipe_n_batch=case["depth"])
     batches, steps, error = raising_source(), 0, None
     while error is None:
         try:
@@ -354,7 +354,7 @@ def fail_on_call(fn: Callable[..., Any], at: int, what: str, skip: Optional[type
 
 def run_collect(case: Dict[str, Any], ref: _Reference, pg: dist.ProcessGroup) -> Dict[str, Any]:
     dmp, dense = shard("both", "row_wise", pg, ref.initial["both"])
-    pipeline = HybridTrainPipelineSparseDist(dmp, dense, torch.device("cpu"), pipe_n_batch=case["depth"])
+    pipeline = HybridTrainPipelineSparseDist(dmp, dense, script_device(), pipe_n_batch=case["depth"])
     batches = iter([make_batch(s, pg.rank()) for s in range(20)])
     for _ in range(2):
         pipeline.progress(batches)
@@ -368,44 +368,16 @@ def run_collect(case: Dict[str, Any], ref: _Reference, pg: dist.ProcessGroup) ->
             "mirror_ranks": mirror_ranks, "mirrors_left": len(alive)}
 
 
-def run_case(case: Dict[str, Any], ref: _Reference, pg: dist.ProcessGroup) -> Dict[str, Any]:
-    try:
-        if case["kind"] == "raise":
-            result = run_raise(case, ref, pg)
-        elif case["kind"] == "collect":
-            result = run_collect(case, ref, pg)
-        else:
-            result = run_training(case, ref, pg)
-        result["error"] = ""
-    except Exception as err:  # reported per case, so one failure does not hide the others
-        result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
-    gathered: List[Any] = [None] * pg.size()
-    dist.all_gather_object(gathered, result, group=pg)
-    merged = dict(case)
-    merged["error"] = "; ".join(sorted({g["error"] for g in gathered if g["error"]}))
-    merged["traceback"] = next((g.get("traceback", "") for g in gathered if g["error"]), "")
-    for key in {k for g in gathered for k in g} - {"error", "traceback"}:
-        values = [g[key] for g in gathered if key in g]
-        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-        merged[key] = max(values) if numeric else values[0]
-        if not numeric and any(v != values[0] for v in values):
-            merged[key + "_per_rank"] = values
-    return merged
+@functools.lru_cache(maxsize=None)
+def reference(pg: dist.ProcessGroup) -> _Reference:
+    """The plain-loop results of this rank, shared by every case of the run."""
+    return _Reference(pg)
 
 
-def main() -> int:
-    args, pg = start_rank(__doc__)
-    ref = _Reference(pg)
-    results = []
-    for case in json.loads(args.cases):
-        results.append(run_case(case, ref, pg))
-        gc.collect()  # free each case's modules and pipelines (their threads, mirror groups) while the group lives
-    if dist.get_rank() == 0:
-        with open(args.out, "w") as f:
-            json.dump({"info": {"argv": sys.argv, "device": script_device().type}, "results": results}, f, indent=1)
-    dist.barrier()  # no rank tears down its connections while another still talks to it
-    end_rank()
+def run_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, Any]:
+    run = {"raise": run_raise, "collect": run_collect}.get(case["kind"], run_training)
+    return run(case, reference(pg), pg)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main(__doc__, run_case, worst=("weight_err", "output_err", "threads_left", "threads_after_error", "mirrors_left"))

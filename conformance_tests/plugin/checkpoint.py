@@ -25,7 +25,7 @@ Reported: ``rows_err``, the largest difference of any (table, ID) row right afte
 save (inf when the ID sets differ); ``fwd_err`` / ``final_err``, the largest difference of the outputs while
 training on and of the final rows from the model that never stopped; ``stats_err`` (unchanged layout), the largest
 difference of the summed hash-table counters; ``exact``, whether every shard was restored with its layout
-unchanged; ``ids``, the IDs restored.
+unchanged; ``ids``, the IDs restored; ``residency``, where the loaded model's tensors lived (the suite's device).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from torchrec_ascend.checkpoint.saver import local_shards
 from torchrec_ascend.checkpoint.stock import saver_keys
 from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, rows_of
-from torchrec_ascend.conformance_tests.plugin.runner import main
+from torchrec_ascend.conformance_tests.plugin.runner import main, residency
 
 DIM = 16
 HASH_TABLES = [("user", 3), ("item", 5)]  # name, init seed
@@ -304,7 +304,16 @@ def load_action(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, 
     if same_layout:
         after = stats(model, pg)
         result["stats_err"] = float(max(abs(after.get(k, 0) - reference["stats"].get(k, 0)) for k in after))
+    result["residency"] = trained_where(model, spec["kind"], pg)  # last: its forward moves the counters
     return result
+
+
+def trained_where(model: Any, kind: str, pg: Any) -> Dict[str, List[str]]:
+    """Where ``model``'s parameters, fused optimizer state, a batch and its outputs live (one forward, no update)."""
+    kjt, _ = local_part(0, pg.rank(), pg.size())
+    with torch.no_grad():
+        outputs = rows_of(kind, model(kjt), kjt)
+    return residency(parameters=model, optimizer=model.fused_optimizer, inputs=kjt, outputs=outputs)
 
 
 class DenseOnTop(torch.nn.Module):
@@ -362,8 +371,10 @@ def dense_action(world: Any) -> Dict[str, Any]:
     loaded.load_state_dict(state["model"], strict=False)
     Saver(process_group=world).load(loaded, os.path.join(directory, "sparse"))
     with torch.no_grad():
-        err = (saved(batch(9)) - loaded(batch(9))).abs().max().item()
-    return {"dense_err": err, "saver_keys": sorted(saver_keys(saved)), "dcp_keys": dcp_keys}
+        out = loaded(batch(9))
+        err = (saved(batch(9)) - out).abs().max().item()
+    where = residency(parameters=loaded, optimizer=[loaded.fused_optimizer, optimizer], inputs=batch(9), outputs=out)
+    return {"dense_err": err, "saver_keys": sorted(saver_keys(saved)), "dcp_keys": dcp_keys, "residency": where}
 
 
 def run_case(case: Dict[str, Any], world: Any) -> Dict[str, Any]:

@@ -12,8 +12,9 @@ them). Three models train on the same batches:
 * the unsharded hash collection on the global batch (optimizer applied in backward, as TorchRec does unsharded);
 * a dict ``ID -> row`` with the same deterministic initialisation and the optimizer written out in Python.
 
-Reported per case: the largest forward difference to each oracle over all steps, and the largest difference of
-every ID's final row (gathered from all shards) to each oracle.
+The sharded model and its batches live on the suite's device (``launch.script_device()``); the oracles stay on
+the CPU. Reported per case: the largest forward difference to each oracle over all steps, the largest difference of
+every ID's final row (gathered from all shards) to each oracle, and where the sharded model's tensors lived.
 
 A case with ``"state_dict": <sharding type>`` instead checks the stock checkpoint path: train, save
 ``state_dict()`` and the fused optimizer's with torch.distributed.checkpoint, load them into the model sharded the
@@ -40,7 +41,8 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
-from torchrec_ascend.conformance_tests.plugin.runner import main
+from torchrec_ascend.conformance_tests.launch import script_device
+from torchrec_ascend.conformance_tests.plugin.runner import main, residency
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import ColumnShardRowWiseAdagrad
 from torchrec_ascend.kernels import reference
@@ -194,12 +196,13 @@ def shard(
         n: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel], min_partition=8)
         for n, _, _ in TABLES
     }
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=pg.size(), compute_device="cpu"),
+    device = script_device()
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=pg.size(), compute_device=device.type),
                                        constraints=constraints)
     sharders = get_default_hybrid_sharders(use_index_dedup=dedup)
     plan = planner.plan(module, sharders)
-    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"),
-                                    plan=plan, sharders=sharders)
+    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=device, plan=plan,
+                                    sharders=sharders)
 
 
 def sharded_rows(dmp: torch.nn.Module, pg: Any) -> Dict[Tuple[str, int], torch.Tensor]:
@@ -209,7 +212,7 @@ def sharded_rows(dmp: torch.nn.Module, pg: Any) -> Dict[Tuple[str, int], torch.T
         if isinstance(kernel, HashRows):
             for t, name in enumerate(kernel._table_names):
                 ids, rows, col0 = kernel.export_rows(t)
-                local.append((name, ids.tolist(), rows, col0))
+                local.append((name, ids.tolist(), rows.cpu(), col0))
     gathered: List[Any] = [None] * pg.size()
     dist.all_gather_object(gathered, local, group=pg)
     pieces: Dict[Tuple[str, int], Dict[int, torch.Tensor]] = {}
@@ -248,11 +251,13 @@ def state_dict_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
                      kernel, pg)
 
     def train(model: DistributedModelParallel, step: int) -> torch.Tensor:
-        batch = rank_batches(step, world)[rank]
+        batch = rank_batches(step, world)[rank].to(script_device())
         out = torch.cat(rows_of(case["kind"], model(batch), batch), dim=1 if case["kind"] == "ebc" else 0)
-        (out * upstream(case["kind"], out, step, rank)).sum().backward()
-        return out.detach()
+        (out * upstream(case["kind"], out, step, rank).to(out.device)).sum().backward()
+        where.update(residency(parameters=model, optimizer=model.fused_optimizer, inputs=batch, outputs=out))
+        return out.detach().cpu()
 
+    where: Dict[str, Any] = {}
     saved = build(case["sharding_type"])
     for step in range(STEPS // 2):
         train(saved, step)
@@ -273,8 +278,8 @@ def state_dict_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     if any(errors):  # no rank trains on alone
         return {"load_error": next(e for e in errors if e)}
     fwd_err = max((train(saved, s) - train(loaded, s)).abs().max().item() for s in range(STEPS // 2, STEPS))
-    return {"load_error": "", "fwd_err": fwd_err, "row_err": max_row_diff(sharded_rows(saved, pg),
-                                                                         sharded_rows(loaded, pg))}
+    return {"load_error": "", "fwd_err": fwd_err, "residency": where,
+            "row_err": max_row_diff(sharded_rows(saved, pg), sharded_rows(loaded, pg))}
 
 
 def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
@@ -298,15 +303,18 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     scale = 1.0 / world  # TorchRec averages embedding gradients over ranks
 
     err_unsharded = err_python = 0.0
+    device = script_device()
     for step in range(STEPS):
         batches = rank_batches(step, world, dedup)
         ref_blocks = rows_of(kind, unsharded(concat(batches)), concat(batches))
         py_blocks = python.forward(kind, concat(batches))
-        mine = torch.cat(rows_of(kind, dmp(batches[rank]), batches[rank]), dim=1 if kind == "ebc" else 0)
-        err_unsharded = max(err_unsharded, (mine - split_global(kind, ref_blocks, batches, rank)).abs().max().item())
-        err_python = max(err_python, (mine - split_global(kind, py_blocks, batches, rank)).abs().max().item())
+        local = batches[rank].to(device)
+        mine = torch.cat(rows_of(kind, dmp(local), local), dim=1 if kind == "ebc" else 0)
+        on_host = mine.detach().cpu()
+        err_unsharded = max(err_unsharded, (on_host - split_global(kind, ref_blocks, batches, rank)).abs().max().item())
+        err_python = max(err_python, (on_host - split_global(kind, py_blocks, batches, rank)).abs().max().item())
 
-        (mine * upstream(kind, mine, step, rank)).sum().backward()
+        (mine * upstream(kind, mine, step, rank).to(device)).sum().backward()
         if dense is not None:
             dense.step()
             dense.zero_grad()
@@ -326,6 +334,7 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
         "ids": len(final),
         "expected_ids": len(seen),
         "index_dedup": any(getattr(m, "_use_index_dedup", False) for m in dmp.modules()),
+        "residency": residency(parameters=dmp, optimizer=[dmp.fused_optimizer, dense], inputs=local, outputs=mine),
     }
 
 

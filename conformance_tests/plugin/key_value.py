@@ -5,7 +5,9 @@ Run with torchrun (``conformance_tests/launch.py``), any world size; each case i
 Two copies of the same hash-table model train on the same batches: one FUSED (every row in the TBE), one KEY_VALUE
 with ``R`` cache rows per shard and a host budget of ``K`` KiB spilling to disk. Reported: the largest forward
 difference over all steps and the largest final row difference (both must be exactly 0), and the cache counters
-(evictions, rows swapped out and in, rows on disk) so a case that never swapped cannot pass unnoticed.
+(evictions, rows swapped out and in, rows on disk) so a case that never swapped cannot pass unnoticed. Both models
+and their batches live on the suite's device (the host and disk tiers on the host, by design); ``residency`` says
+where the KEY_VALUE model's parameters, optimizer state, inputs and outputs were.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
-from torchrec_ascend.conformance_tests.plugin.runner import main
+from torchrec_ascend.conformance_tests.launch import script_device
+from torchrec_ascend.conformance_tests.plugin.runner import main, residency
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, max_row_diff, rows_of, sharded_rows
 from torchrec_ascend.kernels.key_value import cache_metrics
 
@@ -73,10 +76,11 @@ def shard(module: torch.nn.Module, case: Dict[str, Any], key_value: bool, pg: An
                 l2_cache_size=case["host_kb"] / 1024**2, ssd_storage_directory=directory
             ) if key_value else None,
         )
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"),
+    device = script_device()
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device=device.type),
                                        constraints=constraints)
     sharders = get_default_hybrid_sharders()
-    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"),
+    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=device,
                                     plan=planner.plan(module, sharders), sharders=sharders)
 
 
@@ -129,20 +133,24 @@ def run_pipeline_case(case: Dict[str, Any], pg: Any, directory: str) -> Dict[str
                                       lambda ps: torch.optim.SGD(ps, lr=0.05))
         models.append((dmp, dense))
     (fused, fused_opt), (cached, cached_opt) = models
+    device = script_device()
     for step in range(case["steps"]):
         fused_opt.zero_grad()
-        fused(ranker_batch(step, pg.rank()))[0].backward()
+        fused(ranker_batch(step, pg.rank()).to(device))[0].backward()
         fused_opt.step()
-    pipeline = HybridTrainPipelineSparseDist(cached, cached_opt, torch.device("cpu"), pipe_n_batch=case["depth"])
-    batches = iter([ranker_batch(step, pg.rank()) for step in range(case["steps"])])
+    pipeline = HybridTrainPipelineSparseDist(cached, cached_opt, device, pipe_n_batch=case["depth"])
+    batches = iter([ranker_batch(step, pg.rank()) for step in range(case["steps"])])  # the pipeline copies them
+    outputs = []
     while True:
         try:
-            pipeline.progress(batches)
+            outputs.append(pipeline.progress(batches))
         except StopIteration:
             break
     pipeline.detach()
     dense_err = max((a - b).abs().max().item() for a, b in zip(fused.module.head.parameters(),
                                                                 cached.module.head.parameters()))
+    where = residency(parameters=cached, optimizer=[cached.fused_optimizer, cached_opt], inputs=[],
+                      outputs=outputs)
     kernels = [k for k in sharded_kernels(cached) if isinstance(k, KeyValueRows)]
     metrics = cache_metrics(cached)
     return {
@@ -151,6 +159,7 @@ def run_pipeline_case(case: Dict[str, Any], pg: Any, directory: str) -> Dict[str
         "prefetched": sum(k.prefetched_batches for k in kernels),
         "kernels": len(kernels),
         **{k: sum(m[k] for m in metrics.values()) for k in ("evicted", "swapped_out", "swapped_in", "disk_rows")},
+        "residency": where,
     }
 
 
@@ -162,22 +171,23 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kv_disk_") as directory:
         fused = build(case, key_value=False, pg=pg, directory=directory)
         cached = build(case, key_value=True, pg=pg, directory=directory)
-        fwd_err = 0.0
+        fwd_err, device = 0.0, script_device()
         for step in range(case["steps"]):
-            batch = make_batch(step, rank)
+            batch = make_batch(step, rank).to(device)
             outs = []
             for model in (fused, cached):
                 out = torch.cat(rows_of(kind, model(batch), batch), dim=1 if kind == "ebc" else 0)
                 gen = torch.Generator().manual_seed(step * 31 + rank)
-                (out * torch.randn(out.shape, generator=gen)).sum().backward()
+                (out * torch.randn(out.shape, generator=gen).to(device)).sum().backward()
                 outs.append(out.detach())
             fwd_err = max(fwd_err, (outs[0] - outs[1]).abs().max().item() if outs[0].numel() else 0.0)
+        where = residency(parameters=cached, optimizer=cached.fused_optimizer, inputs=batch, outputs=outs[1])
         row_err = max_row_diff(sharded_rows(fused, pg), sharded_rows(cached, pg))
         metrics = cache_metrics(cached)
         totals = {k: sum(m[k] for m in metrics.values()) for k in ("evicted", "swapped_out", "swapped_in", "disk_rows")}
         del fused, cached
         gc.collect()
-    return {"fwd_err": fwd_err, "row_err": row_err, **totals}
+    return {"fwd_err": fwd_err, "row_err": row_err, "residency": where, **totals}
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
-"""The shared ``main()`` of the plugin scripts: one process group, many cases, results merged over ranks.
+"""The shared ``main()`` of the suite's scripts: one process group, many cases, results merged over ranks.
 
 A script defines ``run_case(case, pg) -> dict`` and calls :func:`main`. Each case runs on every rank; an exception
 is printed at once (the other ranks may be left waiting in a collective, so the group has a timeout) and reported per
 case. Rank 0 writes ``{"info": {...}, "results": [...]}`` to ``--out``, as :func:`launch.run_distributed` expects.
+
+A case that trains reports where its tensors lived with :func:`residency` (the ``residency`` key: the device types
+of the model's parameters, its optimizer state, its inputs and its outputs, over all ranks); the suite fails a case
+whose tensors lived anywhere but the device under test.
 
 Example::
 
@@ -17,27 +21,72 @@ import datetime
 import gc
 import json
 import traceback
-from typing import Any, Callable, Dict, List, NoReturn, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NoReturn, Sequence, Set, Tuple
 
 import torch
 import torch.distributed as dist
+from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
-from torchrec_ascend.conformance_tests.launch import process_group_backend, script_device
+from torchrec_ascend.conformance_tests.launch import load_emulator, process_group_backend, script_device
 from torchrec_ascend.shutdown import end_rank
 
 COLLECTIVE_TIMEOUT_S = 120
 
 
+def devices_of(obj: Any) -> Set[str]:
+    """The device types of every tensor in ``obj``: a tensor, a ShardedTensor, a TorchRec jagged or keyed tensor, a
+    module (parameters and buffers), an optimizer (its state), or dicts, lists and tuples of these.
+
+    Example::
+
+        devices_of({"w": torch.zeros(2), "out": [torch.ones(1)]})   # {'cpu'}
+    """
+    if isinstance(obj, torch.Tensor):
+        return {obj.device.type}
+    if isinstance(obj, (JaggedTensor, KeyedJaggedTensor, KeyedTensor)):
+        return devices_of(obj.values())
+    if hasattr(obj, "local_shards"):  # ShardedTensor
+        return set().union(*(devices_of(s.tensor) for s in obj.local_shards()))
+    if isinstance(obj, torch.nn.Module):
+        return devices_of(list(obj.parameters()) + list(obj.buffers()))
+    if isinstance(obj, torch.optim.Optimizer):
+        return devices_of(list(obj.state.values()))
+    if isinstance(obj, dict):
+        return devices_of(list(obj.values()))
+    if isinstance(obj, (list, tuple)):
+        return set().union(*(devices_of(o) for o in obj))
+    return set()
+
+
+def residency(**parts: Any) -> Dict[str, List[str]]:
+    """Where each part of a case lived: part name -> the sorted device types of its tensors (see :func:`devices_of`).
+
+    Pass ``parameters`` (the trained model), ``optimizer`` (its optimizers; stateless ones hold no tensors),
+    ``inputs`` (batches) and ``outputs`` (forward results); put the result under the case's ``residency`` key.
+
+    Example::
+
+        return {..., "residency": residency(parameters=dmp, optimizer=[dmp.fused_optimizer], inputs=batch,
+                                            outputs=out)}
+    """
+    return {name: sorted(devices_of(obj)) for name, obj in parts.items()}
+
+
 def merge(gathered: List[Dict[str, Any]], worst: Sequence[str], totals: Sequence[str]) -> Dict[str, Any]:
-    """One result from every rank's: errors joined, ``worst`` keys maxed, ``totals`` summed, the rest rank 0's."""
+    """One result from every rank's: errors joined, ``worst`` keys maxed, ``totals`` summed, ``residency`` joined,
+    the rest rank 0's (a ``worst`` key no rank reports stays absent)."""
     merged = dict(gathered[0])
     merged["error"] = "; ".join(sorted({g["error"] for g in gathered if g["error"]}))
     merged["traceback"] = next((g.get("traceback", "") for g in gathered if g["error"]), "")
     for key in worst:
         values = [g[key] for g in gathered if g.get(key) is not None]
-        merged[key] = max(values) if values else None
+        if values:
+            merged[key] = max(values)
     for key in totals:
         merged[key] = sum(g.get(key) or 0 for g in gathered)
+    where = [g["residency"] for g in gathered if g.get("residency")]
+    if where:
+        merged["residency"] = {part: sorted(set().union(*(w.get(part, ()) for w in where))) for part in where[0]}
     return merged
 
 
@@ -49,6 +98,7 @@ def start_rank(description: str) -> Tuple[argparse.Namespace, Any]:
     parser.add_argument("--out", required=True, help="where rank 0 writes the JSON results")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    load_emulator()
     dist.init_process_group(process_group_backend(), timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     return args, dist.group.WORLD
 

@@ -98,3 +98,42 @@ def test_results_from_another_device_are_refused(tmp_path: Path, monkeypatch: py
     assert SuiteConfig().run_script(script, cases, world_size=1).results == {"a": {"error": ""}}
     with pytest.raises(launch.LaunchError, match=f"ran on cpu, not npu: it does not read {launch.DEVICE_ENV}"):
         suite.run_script(script, cases, world_size=1)
+
+
+def test_emulate_flag_reaches_the_suite_and_its_scripts() -> None:
+    args = parse("--device", "npu", "--emulate")
+    assert "--conformance-emulate" in cli.pytest_args(args) and "--conformance-emulate" not in cli.pytest_args(parse())
+    suite = SuiteConfig(device="npu", emulate=True)
+    assert suite.absent_reason() == "" and suite.device_name == "npu (emulated)"
+    assert launch.script_env("npu", "gloo", emulate=True)[launch.EMULATE_ENV] == "1"
+    assert launch.script_env("cpu", "gloo")[launch.EMULATE_ENV] == "0"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--emulate"], "--emulate emulates the npu device only, got --device cpu"),
+    (["--device", "cuda", "--emulate"], "--emulate emulates the npu device only, got --device cuda"),
+])
+def test_emulate_with_another_device_is_refused(argv: list, message: str, capsys: Any) -> None:
+    assert cli_main(["conformance", *argv]) == cli.USAGE_ERROR
+    assert message in capsys.readouterr().err
+
+
+def test_emulate_refuses_to_mix_with_torch_npu(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "torch_npu" else real(name, *a))
+    assert cli_main(["conformance", "--device", "npu", "--emulate"]) == cli.USAGE_ERROR
+    err = capsys.readouterr().err
+    assert "--emulate refuses to run where torch_npu is installed" in err and "--device npu (no --emulate)" in err
+
+
+def test_real_npu_without_torch_npu_says_how_to_get_it(capsys: Any) -> None:
+    from torchrec_ascend import backends
+
+    if backends.profile_for("npu").detect():
+        pytest.skip("torch_npu is installed here")
+    assert cli_main(["conformance", "--device", "npu", "--quick"]) == cli.USAGE_ERROR
+    err = capsys.readouterr().err
+    assert "no npu device here" in err and "pip install torchrec-ascend[npu]" in err, err
+    assert "--device npu --emulate" in err, err

@@ -9,6 +9,7 @@ failures come from the fault. Broken policy: ``broken_policy_plugin.py`` is regi
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -110,14 +111,21 @@ def test_broken_policy_fails_the_run(broken_policy: str, tmp_path: Path, capsys:
     assert "distinct" in output or "duplicate" in output, "the failure should say how the contract was broken"
 
 
-def test_absent_device_skips_with_the_reason(tmp_path: Path, capsys: Any) -> None:
+def test_a_run_that_checked_nothing_fails(tmp_path: Path) -> None:
+    """Through pytest (the CLI refuses an absent device up front): every case skips, the run exits non-zero."""
     from torchrec_ascend import backends
+    from torchrec_ascend.cli import conformance as cli
+    from torchrec_ascend.conformance_tests.pytest_plugin import NOTHING_CHECKED
 
     if backends.profile_for("npu").detect():
         pytest.skip("an npu is present here")
     junit = tmp_path / "junit.xml"
-    status = cli_main(["conformance", "--device", "npu", "--quick", "--only", "sharding", "--junit", str(junit)])
-    output = capsys.readouterr().out
-    assert status == 0, output
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["conformance", "--device", "npu", "--quick", "--only", "sharding", "--junit", str(junit)])
+    proc = subprocess.run([sys.executable, "-m", "pytest", *cli.pytest_args(args)], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == NOTHING_CHECKED, output
     assert set(junit_outcomes(junit).values()) == {"skipped"}
-    assert "no npu device here" in output
+    assert "no npu device here" in output and "every case skipped: nothing was checked" in output, output

@@ -4,12 +4,15 @@ Runs the conformance suite (``torchrec_ascend.conformance_tests``, through pytes
 every sharding type x kernel x optimizer the device's profile lists against the unsharded reference, hash-table
 semantics, KEY_VALUE transparency, the policy contract, pipeline equivalence, checkpoints and the documented
 bad-input errors; multi-process checks spawn their own ranks. Prints a summary per check (cases, passed, failed,
-skipped with the reason, seconds); the exit status is 0 only when nothing failed (1: a check failed, 2: bad usage
-or missing test dependencies).
+skipped with the reason, seconds, where the cases trained) and the host<->device copies and host syncs per
+training step of each kernel; the exit status is 0 only when nothing failed (1: a check failed, 2: bad usage, an
+absent device or missing test dependencies, 6: nothing was checked). ``--device npu --emulate`` runs the suite on
+torchrec_ascend.testing's emulated NPU (no Ascend hardware needed; refused where torch_npu is installed).
 
 Example::
 
     $ torchrec-ascend conformance --device npu --world-size 8
+    $ torchrec-ascend conformance --device npu --emulate
     $ torchrec-ascend conformance --quick --junit conformance.xml
     $ torchrec-ascend conformance --only policies --policy my_policy --policy 'ttl={"ttl_steps": 3}'
 """
@@ -88,10 +91,13 @@ def run(args: argparse.Namespace) -> int:
     """Run the suite; return pytest's exit status (0: every case passed or was skipped with a reason)."""
     try:
         suite = SuiteConfig(device=args.device, world_size=args.world_size, policies=tuple(args.policy),
-                            quick=args.quick)
-        suite.profile  # an unknown device stops here, listing the known ones
+                            quick=args.quick, emulate=args.emulate)
+        absent = suite.absent_reason()  # an unknown device stops here, listing the known ones
     except TorchRecAscendError as err:
         print(f"torchrec-ascend conformance: {err}", file=sys.stderr)
+        return USAGE_ERROR
+    if absent:
+        print(f"torchrec-ascend conformance: {absent}", file=sys.stderr)
         return USAGE_ERROR
     try:
         import pytest
