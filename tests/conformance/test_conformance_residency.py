@@ -1,0 +1,45 @@
+"""A case that trained off the device under test fails, naming where each part lived.
+
+Oracle: the device types of tensors built here by hand (CPU tensors, and ``meta`` tensors standing in for another
+device: they need no accelerator), found through every container a script reports (modules, optimizers, TorchRec
+jagged and keyed tensors, dicts and lists).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend.conformance_tests.harness import check_residency
+from torchrec_ascend.conformance_tests.plugin.runner import devices_of, merge, residency
+
+
+def test_devices_of_walks_what_scripts_report() -> None:
+    layer = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.Adagrad(layer.parameters())
+    layer(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=["f"], values=torch.tensor([1, 2], device="meta"),
+                                              lengths=torch.tensor([2], device="meta"))
+    assert devices_of(layer) == devices_of(optimizer) == {"cpu"}
+    assert devices_of(kjt) == {"meta"}
+    assert devices_of({"a": [torch.zeros(1), (kjt,)], "b": None}) == {"cpu", "meta"}
+    assert devices_of(torch.optim.SGD(layer.parameters(), lr=0.1)) == set()  # stateless: nothing to report
+    assert residency(parameters=layer, outputs=[kjt]) == {"parameters": ["cpu"], "outputs": ["meta"]}
+
+
+def test_merge_joins_the_ranks_residency() -> None:
+    ranks = [{"error": "", "residency": {"parameters": ["npu"], "outputs": ["npu"]}},
+             {"error": "", "residency": {"parameters": ["cpu", "npu"], "outputs": ["npu"]}}, {"error": ""}]
+    assert merge(ranks, (), ())["residency"] == {"parameters": ["cpu", "npu"], "outputs": ["npu"]}
+
+
+def test_check_residency_passes_only_on_the_device() -> None:
+    check_residency({"parameters": ["npu"], "optimizer": [], "inputs": ["npu"], "outputs": ["npu"]}, "npu")
+    with pytest.raises(AssertionError, match="trained on other tensors: parameters on cpu; optimizer on cpu, npu"):
+        check_residency({"parameters": ["cpu"], "optimizer": ["cpu", "npu"], "outputs": ["npu"]}, "npu")
+    with pytest.raises(AssertionError, match="reported no residency"):
+        check_residency(None, "npu")
+    with pytest.raises(AssertionError, match="no tensors for outputs"):
+        check_residency({"parameters": ["npu"], "outputs": []}, "npu")
