@@ -50,6 +50,7 @@ setup(
     # One line per native library.
     ext_modules=[
         *native_extension("torchrec_ascend.kernels._C", "kernels/csrc"),
+        *native_extension("torchrec_ascend.testing._emulator", "torchrec_ascend/testing/csrc"),
     ],
     cmdclass={"build_ext": BuildExtension},
 )
