@@ -7,6 +7,7 @@ Oracle: the process's own registry, backend selection and plugin list; the repor
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import re
 from types import ModuleType
 from typing import Callable
@@ -15,10 +16,15 @@ import pytest
 
 from torchrec_ascend import backends
 from torchrec_ascend.cli import doctor
+from torchrec_ascend.hooks import versions
 from torchrec_ascend.injection import autoload
 from torchrec_ascend.injection.patch import Patch
 from torchrec_ascend.injection.registry import PatchRegistry
 from torchrec_ascend.plugin_manager import get_plugin_manager
+
+
+TORCHREC = importlib.metadata.version("torchrec")
+FBGEMM = importlib.metadata.version("fbgemm-gpu-cpu")
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +43,13 @@ def test_lists_every_patch_with_its_state(healthy: doctor.Diagnosis) -> None:
 
 def test_shows_versions_backend_requirements_and_plugins(healthy: doctor.Diagnosis) -> None:
     text = healthy.text
-    assert "torchrec          1.8.0" in text
+    assert f"torchrec          {TORCHREC}" in text
     assert f"Device backend: {backends.active().name} (requested: auto)" in text
     assert "Autoload: active" in text
-    assert re.search(r"fbgemm-gpu\|fbgemm-gpu-cpu +>=1\.8\.0,<1\.9 +fbgemm-gpu-cpu 1\.8\.0 +ok", text)
-    assert re.search(r"torchrec +>=1\.8\.0,<1\.9 +torchrec 1\.8\.0 +ok", text)
+    fbgemm_range, torchrec_range = map(re.escape, (versions.TORCHREC_FBGEMM["fbgemm-gpu|fbgemm-gpu-cpu"],
+                                                   versions.TORCHREC["torchrec"]))
+    assert re.search(rf"fbgemm-gpu\|fbgemm-gpu-cpu +{fbgemm_range} +fbgemm-gpu-cpu {re.escape(FBGEMM)} +ok", text)
+    assert re.search(rf"torchrec +{torchrec_range} +torchrec {re.escape(TORCHREC)} +ok", text)
     for info in get_plugin_manager().plugins():
         assert info.name in text
     assert text.rstrip().endswith("Errors: none")
@@ -70,11 +78,24 @@ def test_unsupported_versions_show_as_skipped_and_fail(
     module = new_target_module()
     future = Patch.wrap("t.future_torchrec", f"{module.__name__}:f0", {"torchrec": ">=9.0"}, "needs 9.0", lambda f: f)
     registry = PatchRegistry([future])
-    with pytest.warns(RuntimeWarning, match="torchrec 1.8.0 is outside the supported range >=9.0"):
+    with pytest.warns(RuntimeWarning, match=f"torchrec {re.escape(TORCHREC)} is outside the supported range >=9.0"):
         registry.apply()
     monkeypatch.setattr(autoload, "registry", lambda: registry)
     diagnosis = doctor.diagnose()
-    assert re.search(r"torchrec +>=9\.0 +torchrec 1\.8\.0 +UNSUPPORTED", diagnosis.text)
+    assert re.search(rf"torchrec +>=9\.0 +torchrec {re.escape(TORCHREC)} +UNSUPPORTED", diagnosis.text)
     assert "  skipped  t.future_torchrec  [requires torchrec]" in diagnosis.text
-    assert diagnosis.problems == ["1 patches skipped: torchrec 1.8.0 is outside the supported range >=9.0"]
+    assert diagnosis.problems == [f"1 patches skipped: torchrec {TORCHREC} is outside the supported range >=9.0"]
     assert module.f0() == "f0"
+
+
+def test_shows_the_matched_stack_and_every_reviewed_digest(healthy: doctor.Diagnosis) -> None:
+    """Oracle: the version table's row for the installed TorchRec, and the reviewed data file."""
+    row = versions.stack_for(TORCHREC)
+    assert row is not None, f"torchrec {TORCHREC} is not in the version table"
+    assert (f"Supported stack: torchrec {row.torchrec} (reviewed {row.reviewed}; CI lane {row.lane})\n"
+            f"  pairs with torch {row.torch}, fbgemm-gpu(-cpu) {row.fbgemm}, torch-npu {row.torch_npu}") in healthy.text
+    registry = autoload.registry()
+    for status in registry.report():
+        digest = registry.reviewed.get(status.patch.name, {}).get(row.reviewed, "(none recorded)")
+        assert f"source {digest} = reviewed on torchrec {row.reviewed}" in healthy.text, status.patch.name
+    assert "DRIFTED" not in healthy.text

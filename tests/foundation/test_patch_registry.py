@@ -11,11 +11,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from patch_targets import FUNCTIONS
+from torchrec_ascend.injection import drift
 from torchrec_ascend.injection.patch import Patch, Undo, resolve, set_attribute
 from torchrec_ascend.injection.registry import (
     PatchRegistry,
     PatchState,
     installed_distribution,
+    newer_than,
     version_problem,
 )
 
@@ -132,13 +134,14 @@ def test_pending_patches_wait_for_their_module(new_target_module: Callable[[], M
 @pytest.mark.parametrize(
     "versions, problem",
     [
-        ({"torchrec": "1.9.0"}, "torchrec 1.9.0 is outside the supported range"),
+        ({"torchrec": "1.7.0"}, "torchrec 1.7.0 is outside the supported range"),
         ({"torchrec": None}, "torchrec is not installed"),
     ],
 )
-def test_unsupported_versions_skip_everything_with_one_warning(
+def test_unsupported_versions_skip_the_patches_that_need_them_with_one_warning(
     new_target_module: Callable[[], ModuleType], versions: Dict[str, Any], problem: str
 ) -> None:
+    """Older than its range (or not installed): the patch is skipped, a patch without requirements still applies."""
     module = new_target_module()
     unconstrained = patch_for(module, "f1", requires={})
     registry = PatchRegistry([patch_for(module, "f0"), unconstrained], versions=versions)
@@ -148,10 +151,45 @@ def test_unsupported_versions_skip_everything_with_one_warning(
         registry.apply()
     assert len(caught) == 1, [str(w.message) for w in caught]
     message = str(caught[0].message)
-    assert problem in message and "t.f0+" in message and "t.f1+" in message
-    assert values(module)["f0"] == "f0" and values(module)["f1"] == "f1", "nothing may be applied"
-    assert {s.state for s in registry.report()} == {PatchState.SKIPPED}
-    assert problem in registry.status("t.f0+").detail
+    assert problem in message and "t.f0+" in message and "t.f1+" not in message
+    assert values(module)["f0"] == "f0" and values(module)["f1"] == "f1+"
+    assert registry.status("t.f0+").state is PatchState.SKIPPED and problem in registry.status("t.f0+").detail
+    assert registry.status("t.f1+").state is PatchState.APPLIED
+    registry.revert()
+
+
+def test_newer_versions_apply_exactly_the_patches_whose_target_was_reviewed(
+    new_target_module: Callable[[], ModuleType],
+) -> None:
+    """Newer than the range: reviewed source -> applied (admitted), changed or unreviewed source -> skipped, named."""
+    module = new_target_module()
+    patches = [patch_for(module, name) for name in ("f0", "f1", "f2")]
+    reviewed = {
+        "t.f0+": {"1.8.0": drift.target_digest(patches[0].target)},  # the installed source: reviewed
+        "t.f1+": {"1.8.0": "0123456789abcdef"},  # some other source was reviewed
+    }  # t.f2+: nothing reviewed
+    registry = PatchRegistry(patches, versions={"torchrec": "1.9.0"}, reviewed=reviewed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        registry.apply()
+        registry.apply()
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert values(module) == {**{name: name for name in FUNCTIONS}, "f0": "f0+"}
+    assert registry.status("t.f0+").state is PatchState.APPLIED and registry.status("t.f0+").admitted == "1.8.0"
+    for name, why in (("t.f1+", "differs from every reviewed version"), ("t.f2+", "has no reviewed digest")):
+        status = registry.status(name)
+        assert status.state is PatchState.SKIPPED, name
+        assert f"its target {status.patch.target}" in status.detail and why in status.detail, status.detail
+        assert f"{name}: torchrec 1.9.0 is outside the supported range" in message
+    assert "Applied on a reviewed target source (1): t.f0+" in message
+    registry.revert()
+
+
+def test_newer_than_is_above_the_upper_bound_only() -> None:
+    assert newer_than("1.10.0", ">=1.8.0,<1.10") and newer_than("2.0", ">=1.8.0,<1.10")
+    assert not newer_than("1.7.9", ">=1.8.0,<1.10") and not newer_than("1.9.2", ">=1.8.0,<1.10")
+    assert newer_than("1.9.0", "<=1.8.5") and not newer_than("1.9.0", ">=2.0")
 
 
 def test_a_failing_patch_reverts_the_applied_ones(new_target_module: Callable[[], ModuleType]) -> None:

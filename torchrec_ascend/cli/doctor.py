@@ -1,4 +1,5 @@
-"""``torchrec-ascend doctor``: versions, the selected device backend, every patch and its state, plugins, errors.
+"""``torchrec-ascend doctor``: versions and the supported stack they match, the selected device backend, every patch
+with its state and whether its target is the reviewed source (drift), plugins, errors.
 
 The report fits 100 columns (tracebacks aside). The exit status is 1 when torchrec-ascend is not working as
 installed: autoloading failed, ``import torchrec`` failed, a plugin failed to load, or a patch failed or was skipped;
@@ -16,9 +17,11 @@ import argparse
 import dataclasses
 import platform
 import textwrap
-from typing import List
+from typing import Dict, List, Optional
 
-from torchrec_ascend.injection import autoload
+from torchrec_ascend.hooks import versions as version_table
+from torchrec_ascend.injection import autoload, drift
+from torchrec_ascend.injection.patch import Patch
 from torchrec_ascend.injection.registry import PatchState, installed_distribution, installed_version, version_problem
 
 WIDTH = 100
@@ -61,6 +64,7 @@ def diagnose() -> Diagnosis:
         version = installed_version(dist)
         if version is not None or dist in ("torch", "torchrec"):
             lines.append(f"  {dist:<17} {version or 'not installed'}")
+    lines += _stack_lines(installed_version("torchrec"))
 
     try:
         import torchrec  # noqa: F401  (triggers the import hook: registry, backend, patches)
@@ -111,6 +115,39 @@ def _backend_lines(problems: List[str]) -> List[str]:
     return lines
 
 
+def _stack_lines(torchrec_version: Optional[str]) -> List[str]:
+    """The version-table row matching the installed TorchRec (or why none does)."""
+    if torchrec_version is None:
+        return ["", "Supported stack: none (torchrec is not installed)"]
+    row = version_table.stack_for(torchrec_version)
+    if row is None:
+        where = "newer" if version_table.newer_than_table(torchrec_version) else "older"
+        rows = ", ".join(s.torchrec for s in version_table.STACKS)
+        lines = ["", f"Supported stack: none (torchrec {torchrec_version} is {where} than the table: {rows})"]
+        if where == "newer":
+            lines += _wrap("patches apply only where their target matches a reviewed source", "  ")
+        return lines
+    lane = f"CI lane {row.lane}" if row.ci else f"lane {row.lane}, not run in CI"
+    return [
+        "",
+        f"Supported stack: torchrec {row.torchrec} (reviewed {row.reviewed}; {lane})",
+        f"  pairs with torch {row.torch}, fbgemm-gpu(-cpu) {row.fbgemm}, torch-npu {row.torch_npu}",
+    ]
+
+
+def _drift_line(patch: Patch, reviewed: Dict[str, str], admitted: str, version: str) -> str:
+    found = drift.check(patch, reviewed, version)
+    if found.state == "reviewed":
+        outside = "; outside its range, applied on this reviewed source" if admitted else ""
+        return f"source {found.digest} = reviewed on torchrec {found.matched}{outside}"
+    if found.state == "missing":
+        return f"source NOT FOUND ({found.detail})"
+    if found.state == "unreviewed":
+        return f"source {found.digest} DRIFTED: no reviewed digest recorded (hooks/reviewed.py)"
+    known = ", ".join(f"{v} {d}" for v, d in reviewed.items() if not version or v == version) or "none"
+    return f"source {found.digest} DRIFTED: not the reviewed source (reviewed: {known})"
+
+
 def _requirement_lines(requirements: dict) -> List[str]:
     lines = ["", "Patch requirements:"]
     for dist, spec in requirements.items():
@@ -130,10 +167,18 @@ def _patch_lines(problems: List[str]) -> List[str]:
     counts = {state: sum(s.state is state for s in statuses) for state in PatchState}
     summary = ", ".join(f"{n} {state.value}" for state, n in counts.items() if n)
     lines += ["", f"Patches ({summary}):"]
+    drifted = []
+    torchrec_version = installed_version("torchrec")
+    row = version_table.stack_for(torchrec_version) if torchrec_version else None
+    compare_with = row.reviewed if row else ""  # within the table: that row's release; newer: any reviewed
     for status in statuses:
         patch = status.patch
         lines += _wrap(f"{status.state.value:<8} {patch.name}  [requires {', '.join(patch.requires)}]", "  ")
         lines += _target_lines(patch.target)
+        line = _drift_line(patch, registry.reviewed.get(patch.name, {}), status.admitted, compare_with)
+        lines += _wrap(line, _INDENT)
+        if "DRIFTED" in line:
+            drifted.append(patch.name)
         lines += _wrap(patch.reason, _INDENT)
         if status.detail:
             lines += _wrap(f"-> {status.detail}", _INDENT)
@@ -142,6 +187,8 @@ def _patch_lines(problems: List[str]) -> List[str]:
     if counts[PatchState.SKIPPED]:
         reasons = sorted({s.detail for s in statuses if s.state is PatchState.SKIPPED})
         problems.append(f"{counts[PatchState.SKIPPED]} patches skipped: {'; '.join(reasons)}")
+    if drifted:
+        lines += _wrap(f"Targets not the reviewed source ({len(drifted)}): {', '.join(drifted)}", "  ")
     return lines
 
 

@@ -121,8 +121,9 @@ def _on_first_import() -> None:
         return
     try:
         from torchrec_ascend import backends, hooks
+        from torchrec_ascend.injection import drift
 
-        _registry = PatchRegistry(hooks.default_patches())
+        _registry = PatchRegistry(hooks.default_patches(), reviewed=drift.reviewed_digests())
         STATUS.state = "active"
     except Exception as err:
         _record_error("building the patch registry", err)

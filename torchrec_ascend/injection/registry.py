@@ -1,9 +1,15 @@
 """PatchRegistry: applies a declared, ordered set of patches once each, reverts any subset, reports every state.
 
-The registry is all-or-nothing per installed version: if the installed TorchRec (or another required
-distribution, e.g. fbgemm) is outside any patch's supported range, nothing is applied, one warning lists every
-patch skipped and why, and TorchRec is left untouched. A patch that fails while applying reverts the ones already
-applied and marks the rest skipped.
+Each patch is gated on its own declared versions (``Patch.requires``):
+
+* inside its range, it applies;
+* NEWER than its range (e.g. a TorchRec minor released after this torchrec-ascend), it applies only if its target's
+  installed source is one that was reviewed (its digest is among the patch's reviewed digests, see
+  :mod:`~torchrec_ascend.injection.drift`); otherwise it is skipped, naming the target and why;
+* older than its range, or a required distribution not installed: skipped.
+
+One warning lists every patch skipped or admitted on its digest (issued once). A patch that fails while applying
+reverts the ones already applied and marks the rest skipped.
 
 Example::
 
@@ -25,6 +31,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from torchrec_ascend.injection import drift
 from torchrec_ascend.injection.patch import Patch, Undo
 
 #: Separates alternative distributions of one package in a ``Patch.requires`` key.
@@ -36,18 +43,23 @@ class PatchState(str, enum.Enum):
 
     PENDING = "pending"  # waiting for its target module to be imported
     APPLIED = "applied"
-    SKIPPED = "skipped"  # unsupported versions, or another patch failed
+    SKIPPED = "skipped"  # unsupported versions, a drifted target outside its range, or another patch failed
     FAILED = "failed"
     REVERTED = "reverted"
 
 
 @dataclasses.dataclass
 class PatchStatus:
-    """A patch, its state and why (``detail``: the version problem, the error, or empty)."""
+    """A patch, its state and why (``detail``: the version problem, the error, or empty).
+
+    ``admitted`` is the reviewed TorchRec version whose source the target matched, for a patch applied outside its
+    declared range ('' otherwise).
+    """
 
     patch: Patch
     state: PatchState = PatchState.PENDING
     detail: str = ""
+    admitted: str = ""
 
 
 def installed_distribution(requirement: str) -> Optional[Tuple[str, str]]:
@@ -89,6 +101,33 @@ def version_problem(requires: Mapping[str, str], versions: Mapping[str, Optional
     return None
 
 
+def newer_than(version: str, spec: str) -> bool:
+    """True if ``version`` is above ``spec``'s upper bound while meeting its lower bounds.
+
+    Example::
+
+        newer_than("1.10.0", ">=1.8.0,<1.10")   # True
+        newer_than("1.7.0", ">=1.8.0,<1.10")    # False: older
+    """
+    have, specifiers = Version(version), list(SpecifierSet(spec, prereleases=True))
+    upper = [s for s in specifiers if s.operator in ("<", "<=")]
+    lower = [s for s in specifiers if s.operator in (">", ">=")]
+    return (
+        any(not s.contains(have, prereleases=True) for s in upper)
+        and all(s.contains(have, prereleases=True) for s in lower)
+    )
+
+
+def _only_newer(requires: Mapping[str, str], versions: Mapping[str, Optional[str]]) -> bool:
+    """True if every requirement ``versions`` misses is missed by being newer than its range."""
+    failing = [
+        (versions.get(d), spec)
+        for d, spec in requires.items()
+        if versions.get(d) is None or Version(versions[d]) not in SpecifierSet(spec, prereleases=True)
+    ]
+    return bool(failing) and all(have is not None and newer_than(have, spec) for have, spec in failing)
+
+
 def fully_imported(module: str) -> bool:
     """True if ``module`` finished executing (a module mid-import may lack the names a patch resolves)."""
     mod = sys.modules.get(module)
@@ -102,6 +141,8 @@ class PatchRegistry:
         patches: the patches, in the order they must be applied.
         versions: ``requires`` key -> installed version, to check ``Patch.requires`` against (default: read from
             the installed distributions).
+        reviewed: patch name -> {reviewed TorchRec version -> digest of its target's source}: what a patch newer
+            than its range must match to be applied (default: nothing reviewed, so such patches are skipped).
 
     Raises:
         ValueError: two patches share a name.
@@ -114,11 +155,15 @@ class PatchRegistry:
     """
 
     def __init__(
-        self, patches: Iterable[Patch] = (), versions: Optional[Mapping[str, Optional[str]]] = None
+        self,
+        patches: Iterable[Patch] = (),
+        versions: Optional[Mapping[str, Optional[str]]] = None,
+        reviewed: Optional[Mapping[str, Mapping[str, str]]] = None,
     ) -> None:
         self._status: Dict[str, PatchStatus] = {}
         self._undo: Dict[str, Undo] = {}
         self._versions = versions
+        self.reviewed: Mapping[str, Mapping[str, str]] = reviewed or {}
         self._version_checked = False
         for patch in patches:
             self.add(patch)
@@ -157,12 +202,12 @@ class PatchRegistry:
     def apply(self, loaded_module: Optional[str] = None) -> None:
         """Apply, in declared order, every pending patch whose target module is imported (or is ``loaded_module``).
 
-        With neither, imports every target module (tests, ``doctor`` and explicit activation do this). A patch
-        that raises marks itself failed, reverts every applied patch and marks the others skipped; a warning
-        says so (nothing is raised: TorchRec then runs unmodified).
+        With neither, imports every target module (tests, ``doctor`` and explicit activation do this). Patches
+        the version gate skipped stay skipped (see the module docstring). A patch that raises marks itself failed,
+        reverts every applied patch and marks the others skipped; a warning says so (nothing is raised: TorchRec
+        then runs unmodified).
         """
-        if not self._check_versions():
-            return
+        self._check_versions()
         for name, status in self._status.items():
             if status.state is not PatchState.PENDING:
                 continue
@@ -238,26 +283,52 @@ class PatchRegistry:
         found = {k: installed_distribution(k) for k in keys}
         return {k: f[1] if f else None for k, f in found.items()}, {k: f[0] if f else k for k, f in found.items()}
 
-    def _check_versions(self) -> bool:
+    def _check_versions(self) -> None:
+        """Gate every patch on its versions once (the first ``apply``); warn once if any is skipped or admitted."""
         if self._version_checked:
-            return not any(s.state is PatchState.SKIPPED for s in self._status.values())
+            return
         self._version_checked = True
         versions, names = self._installed()
-        problems = {n: version_problem(s.patch.requires, versions) for n, s in self._status.items()}
-        problems = {n: p for n, p in problems.items() if p}
-        if not problems:
-            return True
+        skipped: Dict[str, str] = {}
+        admitted: Dict[str, str] = {}
         for name, status in self._status.items():
-            status.state = PatchState.SKIPPED
-            status.detail = problems.get(name) or "skipped with the others: the installed versions are unsupported"
-        listing = "\n".join(f"  - {n}: {p}" for n, p in problems.items())
-        skipped = ", ".join(self._status)
+            problem = version_problem(status.patch.requires, versions)
+            if problem is None:
+                continue
+            if _only_newer(status.patch.requires, versions):
+                found = drift.check(status.patch, self.reviewed.get(name))
+                if found.state == "reviewed":
+                    status.admitted = found.matched
+                    admitted[name] = f"{problem}; its target matches the source reviewed on torchrec {found.matched}"
+                    continue
+                why = {
+                    "drifted": f"its target {status.patch.target} (digest {found.digest}) differs from every "
+                    "reviewed version",
+                    "unreviewed": f"its target {status.patch.target} has no reviewed digest",
+                    "missing": f"its target {status.patch.target} is gone ({found.detail})",
+                }[found.state]
+                problem = f"{problem}, and {why}"
+            status.state, status.detail = PatchState.SKIPPED, problem
+            skipped[name] = problem
+        if skipped or admitted:
+            self._warn(versions, names, skipped, admitted)
+
+    def _warn(
+        self,
+        versions: Mapping[str, Optional[str]],
+        names: Mapping[str, str],
+        skipped: Mapping[str, str],
+        admitted: Mapping[str, str],
+    ) -> None:
         found = ", ".join(f"{names[d]} {v or 'not installed'}" for d, v in sorted(versions.items()))
-        warnings.warn(
-            f"torchrec-ascend: unsupported versions ({found}); no patch applied, TorchRec is left untouched.\n"
-            f"{listing}\nSkipped: {skipped}. Install the tested stack (torchrec 1.8.0, fbgemm-gpu-cpu 1.8.0, "
-            "torch 2.13.0) or a torchrec-ascend release that supports your versions.",
-            RuntimeWarning,
-            stacklevel=3,
+        lines = [f"torchrec-ascend: versions outside what its patches were written for ({found})."]
+        if admitted:
+            lines.append(f"Applied on a reviewed target source ({len(admitted)}): {', '.join(admitted)}.")
+        if skipped:
+            lines.append(f"Skipped ({len(skipped)}); TorchRec's own code runs there:")
+            lines += [f"  - {n}: {p}" for n, p in skipped.items()]
+        lines.append(
+            "Install a supported stack (torchrec_ascend/hooks/versions.py; `torchrec-ascend doctor` shows it) or a "
+            "torchrec-ascend release that supports your versions."
         )
-        return False
+        warnings.warn("\n".join(lines), RuntimeWarning, stacklevel=4)
