@@ -158,12 +158,11 @@ def stream(stream: Optional[torch.Stream]) -> Iterator[None]:
         _ext().set_current_stream_id(stream.device_index, previous)
 
 
-class Event(torch.Event):
-    """An emulated npu event (``record``, ``wait``, ``query``, ``synchronize``, ``elapsed_time`` in host ms)."""
-
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> "Event":
-        return super().__new__(cls, device=torch.device(_NAME, current_device()), enable_timing=enable_timing,
-                               blocking=blocking, interprocess=interprocess)
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:  # noqa: N802
+    """An event of the current emulated device (``record``, ``wait``, ``query``, ``synchronize``, ``elapsed_time`` in
+    host milliseconds). A ``torch.Event``: torch's event methods accept no subclass."""
+    return torch.Event(device=torch.device(_NAME, current_device()), enable_timing=enable_timing, blocking=blocking,
+                       interprocess=interprocess)
 
 
 def memory_allocated(device: DeviceLike = None) -> int:

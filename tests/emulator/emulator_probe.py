@@ -1,0 +1,260 @@
+"""Child-side programs of the emulator tests: each installs the emulated NPU in a fresh interpreter and reports facts.
+
+The emulator renames PrivateUse1 for the life of a process, so it never runs in the pytest process.
+``python -c "from emulator_probe import main; main('device')"`` runs one program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import threading
+from typing import Any, Callable, Dict
+
+import torch
+
+from fresh_interpreter import report
+from torchrec_ascend.testing import emulated_npu
+
+
+def _error(fn: Callable[[], Any]) -> str:
+    try:
+        fn()
+    except Exception as err:  # the type and message are the facts
+        return f"{type(err).__name__}: {err}"
+    return ""
+
+
+def _counted(fn: Callable[[], Any]) -> Dict[str, int]:
+    with emulated_npu.measure() as m:
+        fn()
+    return dataclasses.asdict(m.counts)
+
+
+def device() -> Dict[str, Any]:
+    emulated_npu.install(device_count=2)
+    emulated_npu.install(device_count=2)  # idempotent
+    facts: Dict[str, Any] = {"backend_name": torch._C._get_privateuse1_backend_name()}
+    from torchrec_ascend.testing import device_module
+
+    npu = torch.npu
+    facts["module"] = npu is device_module
+    facts["api"] = [npu.is_available(), npu.device_count(), npu.current_device()]
+    facts["reinstall_other_count"] = _error(lambda: emulated_npu.install(device_count=3))
+    x = torch.arange(5).to("npu")
+    facts["tensor"] = [type(x) is torch.Tensor, x.is_npu, str(x.device)]
+    facts["module_npu"] = str(torch.nn.Linear(2, 2).npu().weight.device)
+    npu.set_device(1)
+    facts["after_set_device"] = [npu.current_device(), str(torch.empty(1, device="npu").device)]
+    with npu.device(0):
+        facts["device_context"] = npu.current_device()
+    facts["bad_device"] = _error(lambda: npu.set_device(5))
+    npu.set_device(0)
+
+    # Devices must match, as on hardware; 0-dim CPU scalars and CPU indices are allowed, as torch allows for CUDA.
+    facts["mix_add"] = _error(lambda: x + torch.ones(5, dtype=torch.long))
+    facts["mix_mm"] = _error(lambda: torch.mm(torch.ones(2, 2, device="npu"), torch.ones(2, 2)))
+    facts["mix_devices"] = _error(lambda: torch.ones(2, device="npu:0") + torch.ones(2, device="npu:1"))
+    facts["scalar_ok"] = str((x + torch.tensor(1)).device)
+    facts["cpu_index"] = (x[torch.tensor([0, 4])]).cpu().tolist()
+    facts["numpy"] = _error(lambda: x.numpy())
+
+    # Exact counts.
+    facts["to_npu"] = _counted(lambda: torch.arange(5).to("npu"))
+    facts["item"] = _counted(lambda: x.sum().item())
+    facts["int"] = _counted(lambda: int(x[0]))
+    facts["bool"] = _counted(lambda: bool(x[1]))
+    facts["tolist"] = _counted(lambda: x.tolist())
+    facts["cpu"] = _counted(lambda: x.cpu())
+    facts["to_cpu_non_blocking"] = _counted(lambda: x.to("cpu", non_blocking=True))
+    facts["compute"] = _counted(lambda: ((x * 2 + 1).cumsum(0)[1:3].float().mean(), torch.zeros(3, device="npu")))
+    facts["nonzero"] = _counted(lambda: torch.nonzero(x))
+    facts["equal"] = _counted(lambda: torch.equal(x, x))
+    facts["synchronize"] = _counted(lambda: npu.synchronize())
+    facts["device_to_device"] = _counted(lambda: x.to("npu:1"))
+
+    # Memory semantics: views alias device memory, in-place and out= ops write it, autograd runs on it.
+    base = torch.zeros(6, device="npu")
+    base.view(2, 3)[:, 1].fill_(7)
+    base.unsqueeze(0).narrow(1, 4, 2).add_(1)
+    facts["views"] = base.cpu().tolist()
+    out = torch.empty(0, dtype=torch.long, device="npu")
+    torch.cumsum(x, 0, out=out)
+    facts["out_resized"] = [str(out.device), out.cpu().tolist()]
+    w = torch.tensor([1.0, -2.0, 3.0], device="npu", requires_grad=True)
+    (w * w).sum().backward()
+    facts["grad"] = [str(w.grad.device), w.grad.cpu().tolist()]
+    before = npu.memory_allocated()
+    big = torch.empty(1000, device="npu")
+    facts["memory"] = [npu.memory_allocated() - before]
+    del big
+    facts["memory"].append(npu.memory_allocated() - before)
+
+    # Pinned host memory.
+    pinned = torch.ones(4).pin_memory()
+    facts["pinned"] = [pinned.is_pinned(), torch.ones(4).is_pinned(), torch.empty(4, pin_memory=True).is_pinned()]
+    facts["pinned_copy"] = _counted(lambda: pinned.to("npu", non_blocking=True))
+
+    # Streams: a current stream per thread, priorities kept, events, record_stream.
+    high = npu.Stream(priority=-1)
+    seen: Dict[str, Any] = {}
+
+    def other_thread() -> None:
+        seen["before"] = npu.current_stream().stream_id
+        mine = npu.Stream()
+        with npu.stream(mine):
+            seen["inside"] = npu.current_stream() == mine
+            barrier.wait()
+            barrier.wait()
+
+    barrier = threading.Barrier(2)
+    with npu.stream(high):
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        barrier.wait()
+        facts["main_inside"] = npu.current_stream() == high
+        barrier.wait()
+        thread.join()
+    facts["thread"] = seen
+    facts["streams"] = [high.priority, npu.current_stream() == npu.default_stream(), high.stream_id != 0]
+    start, end = npu.Event(enable_timing=True), npu.Event(enable_timing=True)
+    start.record()
+    end.record(high)
+    high.wait_event(end)
+    high.wait_stream(npu.current_stream())
+    facts["events"] = [start.query(), start.elapsed_time(end) >= 0.0]
+    x.record_stream(high)
+    facts["record_stream_ok"] = True
+
+    # An operator with a CPU kernel only: no npu kernel, as on hardware.
+    library = torch.library.Library("emuprobe", "DEF")
+    library.define("double(Tensor x) -> Tensor")
+    library.impl("double", lambda t: t * 2, "CPU")
+    facts["cpu_only_op"] = _error(lambda: torch.ops.emuprobe.double(x))
+    facts["cpu_only_op_on_cpu"] = torch.ops.emuprobe.double(torch.ones(1)).tolist()
+    return facts
+
+
+def fbgemm() -> Dict[str, Any]:
+    emulated_npu.install()
+    import fbgemm_gpu  # noqa: F401
+
+    fb = torch.ops.fbgemm
+    facts: Dict[str, Any] = {"withheld": emulated_npu.withheld_ops()}
+    facts["provided_count"] = len(emulated_npu.provided_ops())
+    lengths = torch.tensor([2, 0, 3, 1])
+    facts["cumsum"] = [fb.asynchronous_complete_cumsum(lengths).tolist(),
+                       fb.asynchronous_complete_cumsum(lengths.npu()).cpu().tolist(),
+                       str(fb.asynchronous_complete_cumsum(lengths.npu()).device)]
+    facts["cumsum_counts"] = _counted(lambda: fb.asynchronous_complete_cumsum(lengths.npu()))
+    with emulated_npu.withhold_ops(["asynchronous_complete_cumsum"]) as held:
+        facts["held_names"] = held.names
+        facts["held_error"] = _error(lambda: fb.asynchronous_complete_cumsum(lengths.npu()))
+        facts["held_has_kernel"] = torch._C._dispatch_has_kernel_for_dispatch_key(
+            "fbgemm::asynchronous_complete_cumsum", "PrivateUse1")
+    facts["restored"] = fb.asynchronous_complete_cumsum(lengths.npu()).cpu().tolist()
+    facts["unknown_name"] = _error(lambda: emulated_npu.withhold_ops(["no_such_op_anywhere"]))
+
+    # block_bucketize_sparse_features is withheld by default: no npu kernel until the H6 host fallback exists.
+    args = dict(bucketize_pos=False, sequence=True, block_sizes=torch.tensor([3]), my_size=2)
+    values, blen = torch.tensor([0, 4, 1, 5, 2]), torch.tensor([2, 3])
+    facts["bucketize_error"] = _error(lambda: fb.block_bucketize_sparse_features(blen.npu(), values.npu(), **{
+        **args, "block_sizes": args["block_sizes"].npu()}))
+    from torchrec_ascend.backends.npu import NPU
+    from torchrec_ascend.hooks.sparse_ops import register_host_fallbacks
+
+    facts["h6_registered"] = register_host_fallbacks(NPU)
+    expected = fb.block_bucketize_sparse_features(blen, values, **args)
+    with emulated_npu.measure() as m:
+        got = fb.block_bucketize_sparse_features(blen.npu(), values.npu(), **{
+            **args, "block_sizes": args["block_sizes"].npu()})
+    facts["bucketize_counts"] = dataclasses.asdict(m.counts)
+    facts["bucketize_equal"] = all(
+        (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b.cpu()))
+        for a, b in zip(expected, got))
+    facts["bucketize_devices"] = [str(t.device) for t in got if t is not None]
+
+    # permute_2D_sparse_data on npu tensors equals its CPU result.
+    permute = torch.tensor([1, 0], dtype=torch.int32)
+    plengths = torch.tensor([[1, 2], [2, 1]])
+    pvalues = torch.arange(6)
+    cpu_out = fb.permute_2D_sparse_data(permute, plengths, pvalues)
+    npu_out = fb.permute_2D_sparse_data(permute.npu(), plengths.npu(), pvalues.npu())
+    facts["permute_equal"] = all(
+        (a is None and b is None) or torch.equal(a, b.cpu()) for a, b in zip(cpu_out, npu_out))
+    return facts
+
+
+def collectives() -> Dict[str, Any]:
+    """Two ranks (forked) over the emulator's hccl-role backend; each rank's facts come back through a pipe."""
+    import multiprocessing as mp
+    import tempfile
+
+    store_file = os.path.join(tempfile.mkdtemp(), "store")
+    context = mp.get_context("fork")
+    queue = context.SimpleQueue()
+    ranks = [context.Process(target=_rank, args=(r, store_file, queue)) for r in range(2)]
+    for p in ranks:
+        p.start()
+    results = dict(queue.get() for _ in ranks)
+    for p in ranks:
+        p.join(60)
+    return {"ranks": results, "exit": [p.exitcode for p in ranks]}
+
+
+def _rank(rank: int, store_file: str, queue: Any) -> None:
+    import torch.distributed as dist
+
+    emulated_npu.install()
+    torch.npu.set_device(rank)
+    store = dist.FileStore(store_file, 2)
+    dist.init_process_group(f"cpu:gloo,npu:{emulated_npu.COLLECTIVE_BACKEND}", store=store, rank=rank, world_size=2)
+    facts: Dict[str, Any] = {"backend": dist.get_backend()}
+    device = torch.device("npu", rank)
+    with emulated_npu.measure() as m:
+        total = torch.full((3,), float(rank + 1), device=device)
+        dist.all_reduce(total)
+        # uneven all_to_all: rank 0 sends 1 row to 0 and 2 to 1; rank 1 sends 2 to 0 and 1 to 1
+        send = torch.arange(3, dtype=torch.float32, device=device) + 10 * rank
+        in_splits = [1, 2] if rank == 0 else [2, 1]
+        out_splits = [1, 2] if rank == 0 else [2, 1]
+        received = torch.empty(sum(out_splits), device=device)
+        dist.all_to_all_single(received, send, out_splits, in_splits)
+        gathered = torch.empty(6, device=device)
+        dist.all_gather_into_tensor(gathered, send)
+        scattered = torch.empty(1, device=device)
+        dist.reduce_scatter_tensor(scattered, torch.tensor([1.0, 2.0], device=device) * (rank + 1))
+        pieces = [torch.empty(3, device=device) for _ in range(2)]
+        dist.all_gather(pieces, send)
+        work = dist.all_reduce(torch.ones(2, device=device), async_op=True)
+        work.wait()
+        dist.barrier()
+        host = torch.ones(2)
+        dist.all_reduce(host)
+    facts["counts"] = dataclasses.asdict(m.counts)
+    facts["devices"] = sorted({str(t.device) for t in (total, received, gathered, scattered, *pieces)})
+    facts["all_reduce"] = total.cpu().tolist()
+    facts["all_to_all"] = received.cpu().tolist()
+    facts["all_gather"] = gathered.cpu().tolist()
+    facts["reduce_scatter"] = scattered.cpu().tolist()
+    facts["all_gather_list"] = [p.cpu().tolist() for p in pieces]
+    facts["host_all_reduce"] = host.tolist()
+    facts["mixed_error"] = _error(lambda: dist.all_reduce(torch.ones(1, device=device), group=dist.new_group(
+        [0, 1], backend="gloo")))
+    dist.destroy_process_group()
+    queue.put((rank, facts))
+    os._exit(0)
+
+
+PROGRAMS: Dict[str, Callable[[], Dict[str, Any]]] = {
+    "device": device,
+    "fbgemm": fbgemm,
+    "collectives": collectives,
+}
+
+
+def main(name: str) -> None:
+    """Run the program ``name`` and report its facts."""
+    report(PROGRAMS[name]())
+    sys.stdout.flush()
