@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import stat
 from typing import Any, Dict
 
 from torchrec_ascend.checkpoint.files import MAX_BYTES, array_spec, confined
@@ -62,15 +63,18 @@ def check_files(directory: str, metadata: Dict[str, Any]) -> None:
     """Check that every data file of a save is a regular file inside ``directory`` of its recorded size.
 
     Raises:
-        StorageError: a file is missing, a symbolic link leading out of the folder, or of another size (truncated
-            or replaced).
+        StorageError: a file is missing, not a regular file, a symbolic link leading out of the folder, or of
+            another size (truncated or replaced).
     """
     for name, size in metadata["files"].items():
         path = confined(directory, name, "a data file")
         try:
-            actual = os.stat(path).st_size
+            info = os.stat(path)
         except OSError as error:
             raise StorageError(f"checkpoint file '{path}' cannot be read: {error}; the save is incomplete") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise StorageError(f"checkpoint file '{path}' is not a regular file; refusing to read it")
+        actual = info.st_size
         if actual != size:
             raise StorageError(
                 f"checkpoint file '{path}' has {actual} bytes but its save recorded {size}; it is truncated or was "
