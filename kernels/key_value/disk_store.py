@@ -3,7 +3,7 @@
 Design. Each ``put`` encodes its rows as fixed-size records (key, checksum, exact row bytes; see
 :mod:`.disk_record`) and appends them with one positional write per segment file touched. The index in memory is
 one 8-byte bucket per key (see :mod:`.key_index`): a 28-bit fingerprint of the key's hash and the record's 36-bit
-location (segment number * records per segment + offset), 10.7 to 14.9 bytes of memory per key at its load; the
+location (segment number * records per segment + offset), 10 to 13 bytes of memory per key at its load; the
 full key is checked in the record itself, whose checksum also covers its location. Overwritten and removed records
 become garbage; a sealed segment whose garbage reaches ``compact_fraction`` of its records is compacted (its live
 records are re-appended, then the file is deleted, its number reused) before the next write. Reads gather records
@@ -44,7 +44,7 @@ from .segment_file import SegmentFile
 DEFAULT_SEGMENT_BYTES = 256 << 20
 MAX_KEYS_IN_MESSAGE = 8
 PARTITIONS = 256
-MAX_BUCKETS = 1 << 25  # per partition: 256 * 2**25 * 0.75 = 6.4e9 keys at most, 64 GiB of address space
+MAX_BUCKETS = 1 << 25  # per partition: 256 * 2**25 * 0.8 = 6.8e9 keys at most, 64 GiB of address space
 FINGERPRINT_BITS = 28
 LOCATION_BITS = 64 - FINGERPRINT_BITS
 MAX_LOCATIONS = (1 << LOCATION_BITS) - 2  # a bucket holds location + 1; all ones is the tombstone

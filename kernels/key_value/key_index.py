@@ -2,17 +2,17 @@
 
 Both tiers index keys with :class:`OpenTable`: ``partitions`` open-addressing tables (linear probing, tombstones)
 laid out in one anonymous memory mapping that reserves address space for the largest size each partition may
-reach and costs memory only for the pages it touches. A partition grows on its own (by about 1.4x, rehashing only
+reach and costs memory only for the pages it touches. A partition grows on its own (by about 1.3x, rehashing only
 its entries), so growth never holds two copies of the index, only a copy of one partition; the load of every
-partition stays in ``[LOW_LOAD, MAX_LOAD]`` = ``[0.54, 0.75]`` of its buckets. Every operation is vectorized over
+partition stays in ``[LOW_LOAD, MAX_LOAD]`` = ``[0.62, 0.8]`` of its buckets. Every operation is vectorized over
 a batch: one numpy pass per probe round, never a Python loop over keys.
 
 * :class:`KeyIndex` (host tier): key -> slot. A bucket is a uint32 (``slot + 1``); the full key sits in the
-  slot -> key column, which the host store needs anyway to name the rows it spills. Memory per slot: 8 (key) + 4
-  (free-slot stack) + 4 / load (buckets) = 21.3 to 23.5 bytes.
+  slot -> key column, which the host store needs anyway to name the rows it spills. Memory per slot: 8 (key) + 4 /
+  load (buckets) = 13 to 14.5 bytes, plus 4 per slot of the free-slot stack up to the most slots freed at once.
 * :class:`~torchrec_ascend.kernels.key_value.disk_store.DiskStore` keeps only a bucket per key: a uint64 of a
   28-bit fingerprint of the key's hash and the record's 36-bit location; the full key is verified in the record on
-  disk. Memory per key: 8 / load = 10.7 to 14.9 bytes.
+  disk. Memory per key: 8 / load = 10 to 13 bytes.
 
 Example::
 
@@ -33,10 +33,12 @@ import torch
 
 from torchrec_ascend.errors import CapacityError
 
-MAX_LOAD = 0.75  # a partition is rehashed before more of its buckets than this are used (live or tombstone)
-GROWTH = 1.4  # a rehash sizes the partition for its keys at MAX_LOAD / GROWTH
+MAX_LOAD = 0.8  # a partition is rehashed before more of its buckets than this are used (live or tombstone)
+GROWTH = 1.3  # a rehash sizes the partition for its keys at MAX_LOAD / GROWTH
 LOW_LOAD = MAX_LOAD / GROWTH
 MIN_BUCKETS = 8
+WINDOW = 8  # buckets probed per key and round
+_STEPS = np.arange(WINDOW)
 PAGE = mmap.PAGESIZE
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 _U64 = np.uint64
@@ -122,9 +124,18 @@ class OpenTable:
     def __len__(self) -> int:
         return int(self.live.sum())
 
+    def _window(self, part: np.ndarray, offset: np.ndarray) -> np.ndarray:
+        """Global buckets ``[m, WINDOW]``: each key's next ``WINDOW`` probe positions from ``offset``."""
+        size = self.size[part][:, None]  # 0 (an empty partition: its reserved buckets all read 0) or >= WINDOW
+        positions = (offset % np.maximum(size[:, 0], 1))[:, None] + _STEPS  # wraps at most once below
+        positions -= ((positions >= size) & (size > 0)) * size
+        return (part * self.stride)[:, None] + positions
+
     def find(self, part: np.ndarray, home: np.ndarray,
              match: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
         """The bucket (global index) holding each key's entry, or -1.
+
+        Probes ``WINDOW`` buckets per key and round (one 2-D gather), so a round usually settles every key.
 
         Args:
             part, home: int64 ``[n]``, each key's partition and home bucket in it.
@@ -133,20 +144,22 @@ class OpenTable:
         """
         found = np.full(part.size, -1, dtype=np.int64)
         which = np.arange(part.size)
-        base = part * self.stride
         offset = home.astype(np.int64, copy=True)
         while which.size:
-            bucket = base[which] + offset
-            entry = self.buckets[bucket]
-            empty = entry == 0
-            candidate = np.flatnonzero(~empty & (entry != self.tomb))
-            hit = np.zeros(which.size, dtype=bool)
-            if candidate.size:
-                hit[candidate] = match(entry[candidate], which[candidate], bucket[candidate])
-            found[which[hit]] = bucket[hit]
-            going = ~(empty | hit)
-            which, offset = which[going], offset[going] + 1
-            offset[offset == self.size[part[which]]] = 0
+            buckets = self._window(part[which], offset)
+            entries = self.buckets[buckets]
+            empty = entries == 0
+            ends = np.where(empty.any(axis=1), empty.argmax(axis=1), WINDOW)  # the chain stops at an empty bucket
+            before_end = _STEPS[None, :] < ends[:, None]
+            rows, cols = np.nonzero(before_end & (entries != self.tomb))
+            hit = np.zeros(entries.shape, dtype=bool)
+            if rows.size:
+                hit[rows, cols] = match(entries[rows, cols], which[rows], buckets[rows, cols])
+            settled = hit.any(axis=1)
+            first = hit.argmax(axis=1)
+            found[which[settled]] = buckets[settled, first[settled]]
+            going = ~settled & (ends == WINDOW)
+            which, offset = which[going], offset[going] + WINDOW
         return found
 
     def insert(self, part: np.ndarray, home: np.ndarray, entries: np.ndarray) -> np.ndarray:
@@ -156,21 +169,26 @@ class OpenTable:
         """
         placed = np.empty(part.size, dtype=np.int64)
         which = np.arange(part.size)
-        base = part * self.stride
         offset = home.astype(np.int64, copy=True)
         while which.size:
-            bucket = base[which] + offset
-            old = self.buckets[bucket]
-            free = np.flatnonzero((old == 0) | (old == self.tomb))
-            _, first = np.unique(bucket[free], return_index=True)  # one entry per bucket per round
-            won = free[first]
+            window = self._window(part[which], offset)
+            old = self.buckets[window]
+            free = (old == 0) | (old == self.tomb)
+            has_free = free.any(axis=1)
+            step = free.argmax(axis=1)
+            bucket = window[np.arange(which.size), step]
+            wants = np.flatnonzero(has_free)
+            _, first = np.unique(bucket[wants], return_index=True)  # one entry per bucket per round
+            won = wants[first]
+            was_tomb = old[won, step[won]] == self.tomb
             self.buckets[bucket[won]] = entries[which[won]]
             placed[which[won]] = bucket[won]
-            np.subtract.at(self.used, part[which[won][old[won] == self.tomb]], 1)
+            self.used -= np.bincount(part[which[won][was_tomb]], minlength=self.partitions)
             going = np.ones(which.size, dtype=bool)
             going[won] = False
-            which, offset = which[going], offset[going] + 1
-            offset[offset == self.size[part[which]]] = 0
+            lost = going & has_free  # another key took that bucket: probe again from it
+            offset = np.where(lost, offset + step, offset + WINDOW)
+            which, offset = which[going], offset[going]
         counts = np.bincount(part, minlength=self.partitions)
         self.live += counts
         self.used += counts
@@ -206,10 +224,29 @@ class OpenTable:
         if size < old_size:
             release(self.buckets, start + size, start + old_size)
         self.size[p] = size
-        self.live[p] = self.used[p] = 0
+        self.live[p] = self.used[p] = len(entries)
         if entries.size:
-            part = np.full(entries.size, p, dtype=np.int64)
-            self.insert(part, self._home_of(entries, p, size), entries)
+            self._place_sorted(p, entries)
+
+    def _place_sorted(self, p: int, entries: np.ndarray) -> None:
+        """Lay out the entries of an emptied partition as linear probing would, without probing.
+
+        Sorted by home, entry ``i`` lands at ``max(home_i, position_{i-1} + 1)`` = ``i + cummax(home_j - j)``;
+        the few that run past the end wrap around through :meth:`insert`.
+        """
+        size = int(self.size[p])
+        homes = self._home_of(entries, p, size)
+        order = np.argsort(homes, kind="stable")
+        entries, homes = entries[order], homes[order]
+        ranks = np.arange(entries.size)
+        positions = ranks + np.maximum.accumulate(homes - ranks)
+        inside = positions < size
+        self.buckets[p * self.stride + positions[inside]] = entries[inside]
+        if not inside.all():
+            self.live[p] -= int((~inside).sum())
+            self.used[p] = self.live[p]
+            part = np.full(int((~inside).sum()), p, dtype=np.int64)
+            self.insert(part, homes[~inside], entries[~inside])
 
     def entries(self) -> Tuple[np.ndarray, np.ndarray]:
         """Every live entry and its bucket, partition by partition (one pass over the used buckets)."""
@@ -267,6 +304,7 @@ class KeyIndex:
         self._key = reserve(np.int64, self.max_capacity)
         self._free = reserve(np.int32, self.max_capacity)
         self._num_free = 0
+        self._free_high = 0  # the most freed slots held at once: the stack's pages touched
 
     @staticmethod
     def max_buckets(max_keys: int, partitions: int) -> int:
@@ -278,8 +316,9 @@ class KeyIndex:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of this index: the buckets in use, and the key column and free-slot stack up to ``capacity``."""
-        return self._table.nbytes + self.capacity * (8 + 4)
+        """Bytes of this index: the buckets in use, the key column up to ``capacity`` and the free-slot stack up to
+        the most slots it has held."""
+        return self._table.nbytes + self.capacity * 8 + self._free_high * 4
 
     @staticmethod
     def nbytes_for(capacity: int) -> int:
@@ -372,6 +411,7 @@ class KeyIndex:
         self._table.remove(buckets)
         self._free[self._num_free : self._num_free + freed.size] = freed
         self._num_free += freed.size
+        self._free_high = max(self._free_high, self._num_free)
         return torch.from_numpy(freed)
 
     def keys_of(self, slots: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ def row_bytes(row: torch.Tensor) -> bytes:
 
 class TieredStoreMachine(RuleBasedStateMachine):
     @initialize(
-        budget=st.sampled_from([0, 340, 420, 420]),  # host capacity 0, 1 or 4 rows
+        budget=st.sampled_from([0, 80, 200, 200]),  # host capacity 0, 1 or 4 rows
         with_disk=st.sampled_from([True, True, True, False]),
         promote=st.booleans(),
         headroom=st.sampled_from([0.0, 0.5]),
