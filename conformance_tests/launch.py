@@ -7,7 +7,8 @@ Where the ranks run is passed through the environment, so the scripts need no de
 :data:`DEVICE_ENV` (the ``torch.device`` type) and :data:`BACKEND_ENV` (the collective backend) from the device's
 backend profile (:func:`script_env`); a script reads them with :func:`script_device` and
 :func:`process_group_backend` and reports ``info["device"]`` in its results (:func:`ran_on` reads it back). Unset,
-they mean the CPU with gloo.
+they mean the CPU with gloo. With :data:`EMULATE_ENV` set to ``1`` the ranks run the script through
+``emulated_run.py``, which installs ``torchrec_ascend.testing``'s emulated NPU first (:func:`python_command`).
 
 Example::
 
@@ -31,6 +32,7 @@ DEVICE_ENV = "TORCHREC_ASCEND_CONFORMANCE_DEVICE"
 BACKEND_ENV = "TORCHREC_ASCEND_CONFORMANCE_BACKEND"
 #: ``1``: the ranks run on torchrec_ascend.testing's emulated NPU (``torchrec-ascend conformance --emulate``).
 EMULATE_ENV = "TORCHREC_ASCEND_CONFORMANCE_EMULATE"
+EMULATED_RUN = "torchrec_ascend.conformance_tests.emulated_run"
 _DEFAULT_DEVICE, _DEFAULT_BACKEND = "cpu", "gloo"
 
 
@@ -59,12 +61,10 @@ def run_distributed(
     """
     with tempfile.TemporaryDirectory(prefix="torchrec_ascend_") as tmp:
         out = Path(tmp) / "results.json"
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}",
-            str(script), "--cases", json.dumps(cases), "--out", str(out),
-        ]
         # One thread per rank and passive OpenMP waits: spinning ranks stall each other on small machines.
         run_env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", **(env or {})}
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world_size}"]
+        command = python_command(script, run_env, launcher) + ["--cases", json.dumps(cases), "--out", str(out)]
         try:
             proc = subprocess.run(command, env=run_env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as err:
@@ -80,7 +80,7 @@ def script_env(device_type: str, collective_backend: str, emulate: bool = False)
     Args:
         device_type: ``torch.device`` type, e.g. the backend profile's ``device_type``.
         collective_backend: ``torch.distributed`` backend, e.g. the profile's ``collective_backend``.
-        emulate: the ranks load the emulated NPU (see :func:`load_emulator`).
+        emulate: the ranks run on the emulated NPU (see :func:`python_command`).
 
     Example::
 
@@ -90,17 +90,19 @@ def script_env(device_type: str, collective_backend: str, emulate: bool = False)
     return {DEVICE_ENV: device_type, BACKEND_ENV: collective_backend, EMULATE_ENV: "1" if emulate else "0"}
 
 
-def load_emulator() -> None:
-    """Load the emulated NPU in this rank when the suite asks (:data:`EMULATE_ENV`); otherwise do nothing.
+def python_command(script: Path, env: Mapping[str, str], python: Optional[List[str]] = None) -> List[str]:
+    """The command running ``script`` with ``python`` (default this interpreter; e.g. torchrun's), through
+    ``emulated_run.py`` when ``env`` asks for the emulated NPU (:data:`EMULATE_ENV`).
 
     Example::
 
-        load_emulator()   # then torch.device("npu", LOCAL_RANK) is the emulator's
+        python_command(Path("doctor_state.py"), script_env("npu", "hccl", emulate=True))
+        # [sys.executable, '-m', 'torchrec_ascend.conformance_tests.emulated_run', 'doctor_state.py']
     """
-    if os.environ.get(EMULATE_ENV) == "1":
-        from torchrec_ascend.testing import npu_emulator
-
-        npu_emulator.install()
+    python = python or [sys.executable]
+    if env.get(EMULATE_ENV) == "1":
+        return [*python, "-m", EMULATED_RUN, str(script)]
+    return [*python, str(script)]
 
 
 def process_group_backend() -> str:

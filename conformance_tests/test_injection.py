@@ -1,7 +1,8 @@
 """Check: torchrec-ascend is injected cleanly: ``doctor`` finds no problem and the device's backend is selected.
 
 ``doctor`` runs in a fresh process with ``TORCHREC_ASCEND_DEVICE`` naming the device's backend (as a user's job
-would select it): autoloading must be active, every patch applied, every plugin loaded, the backend activated.
+would select it; on the emulated NPU under ``--emulate``): autoloading must be active, every patch applied, every
+plugin loaded, the backend activated.
 """
 
 from __future__ import annotations
@@ -9,14 +10,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
+from pathlib import Path
 from typing import Any, Dict
 
 import pytest
 
 from torchrec_ascend.conformance_tests.config import SuiteConfig
+from torchrec_ascend.conformance_tests.launch import python_command, script_env
 
-MODULE = "torchrec_ascend.conformance_tests.injection.doctor_state"
+PROBE = Path(__file__).parent / "injection" / "doctor_state.py"
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +28,9 @@ def state(suite: SuiteConfig) -> Dict[str, Any]:
     reason = suite.absent_reason()
     if reason:
         pytest.skip(reason)
-    proc = subprocess.run([sys.executable, "-m", MODULE], env={**os.environ, DEVICE_ENV: suite.profile.name},
-                          capture_output=True, text=True, timeout=300)
+    env = {**os.environ, DEVICE_ENV: suite.profile.name,
+           **script_env(suite.profile.device_type, suite.profile.collective_backend, suite.emulate)}
+    proc = subprocess.run(python_command(PROBE, env), env=env, capture_output=True, text=True, timeout=300)
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 0 and lines, f"doctor crashed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return json.loads(lines[-1])

@@ -8,6 +8,20 @@ column) and its optimizer state is zeroed, so state always belongs to the ID hol
 
 :class:`HashRows` is the shared machinery; the KEY_VALUE kernels subclass it and change only what happens to rows
 that arrive (loaded from host memory instead of initialised) and leave (written back instead of dropped).
+
+Where the work happens: the pool (TBE weights and optimizer state) lives on the kernel's device; the slot tables
+(ID maps, policies, counters) live on the host by design. So a batch's IDs cross once each way, explicitly and
+batched, never per ID. Per training step and kernel, with the tables on an accelerator:
+
+* one device-to-host copy of the batch's IDs (blocking: the step's one host sync for ID mapping); the
+  negative-ID check runs on that host copy, never on the device;
+* one host-to-device copy of the batch's rows (the mapped slots);
+* per table that received new rows: two host-to-device copies, their slots and their initial values (KEY_VALUE:
+  the rows read back from the host tier); per table that evicted rows (KEY_VALUE): one host-to-device copy of their
+  slots and one device-to-host copy of their packed rows (blocking).
+
+Under a pipeline that prefetches, the same copies happen in the prefetch, on the pipeline's host thread, and the
+lookup reuses its rows. On the CPU every copy is a no-op.
 """
 
 from __future__ import annotations
@@ -155,16 +169,17 @@ class HashRows:
         """
         if batch_size_per_feature_per_rank is not None or not self._feature_names:
             return  # variable batch sizes: rows are chosen in the lookup
-        features = KeyedJaggedTensor(keys=self._feature_names, values=indices, lengths=offsets[1:] - offsets[:-1])
+        # The batch's IDs and offsets cross to the host once (this runs on the pipeline's host thread).
+        on_host = KeyedJaggedTensor(keys=self._feature_names, values=indices.to("cpu"), offsets=offsets.to("cpu"))
         self._prefetching = True
         key = (indices.data_ptr(), indices.numel())
         with self._rows_lock:
             waiting = any(rows is None for _, rows, _ in self._prefetched.values())
-            if waiting or not all(t.can_fit(ids) for t, ids in zip(self._slot_tables, self._ids_per_table(features))):
+            if waiting or not all(t.can_fit(ids) for t, ids in zip(self._slot_tables, self._ids_per_table(on_host))):
                 self._prefetched[key] = (indices, None, None)  # later batches must not take rows this one needs first
             else:
-                mapped = self.map_ids(features)
-                self._prefetched[key] = (indices, mapped.values(), self._pin(mapped))
+                rows, slots = self._map_on_host(on_host, indices.device)
+                self._prefetched[key] = (indices, rows, self._pin(slots))
             while len(self._prefetched) > self._pipeline_depth + 1:  # batches a pipeline dropped (detach, end)
                 pinned = self._prefetched.popitem(last=False)[1][2]
                 if pinned is not None:
@@ -187,8 +202,9 @@ class HashRows:
             else:
                 if ready is not None and ready[2] is not None:
                     self._release(ready[2])
-                mapped = self.map_ids(features)
-                self._in_compute = self._pin(mapped)
+                rows, slots = self._map_on_host(with_values(features, values.to("cpu")), values.device)
+                mapped = with_values(features, rows)
+                self._in_compute = self._pin(slots)
             return mapped
 
     def _ids_per_table(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
@@ -199,6 +215,7 @@ class HashRows:
         ]
 
     def _pin(self, mapped: KeyedJaggedTensor) -> List[torch.Tensor]:
+        """Pin the rows of ``mapped`` (slots on the host, per feature) until :meth:`_release`."""
         pinned = []
         for table, slots in zip(self._slot_tables, self._ids_per_table(mapped)):
             slots = torch.unique(slots[slots != table.default_slot])
@@ -219,14 +236,25 @@ class HashRows:
         return {name: table.stats() for name, table in zip(self._table_names, self._slot_tables)}
 
     def export_rows(self, t: int) -> Tuple[torch.Tensor, torch.Tensor, int]:
-        """Every ID held by table ``t``'s shard, its row (this shard's columns) and the shard's first column."""
+        """Every ID held by table ``t``'s shard, its row (this shard's columns, on the host) and its first column."""
         ids, slots = self._slot_tables[t].id_map.export()
-        return ids, self._pool_weights(t)[slots].clone(), self._col_offset[t]  # type: ignore[attr-defined]
+        weights = self._pool_weights(t)
+        return ids, weights[slots.to(weights.device)].cpu(), self._col_offset[t]  # type: ignore[attr-defined]
 
     def map_ids(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """``features`` with raw IDs replaced by rows; new rows filled, evicted rows handed to the subclass."""
+        """``features`` with raw IDs replaced by rows; new rows filled, evicted rows handed to the subclass.
+
+        The IDs cross to the host once and the rows come back once (see the module docstring); the result's values
+        are on ``features``' device.
+        """
         values = features.values()
-        per_feature = list(torch.split(values, features.length_per_key()))
+        return with_values(features, self._map_on_host(with_values(features, values.to("cpu")), values.device)[0])
+
+    def _map_on_host(self, on_host: KeyedJaggedTensor, device: torch.device) -> Tuple[torch.Tensor, KeyedJaggedTensor]:
+        """Map ``on_host`` (a batch's raw IDs on the host): its rows on ``device`` (one host-to-device copy), and
+        ``on_host`` with the rows in place of the IDs (on the host, for pinning)."""
+        values = on_host.values()
+        per_feature = list(torch.split(values, on_host.length_per_key()))
         for i, (feature, ids) in enumerate(zip(self._feature_names, per_feature)):
             if ids.numel() and int(ids.min()) < 0:
                 table = self._table_names[self._feature_table_map[i]]  # type: ignore[attr-defined]
@@ -251,7 +279,8 @@ class HashRows:
             self._write_default_row(t)
             for i, part in zip(features_of_t, torch.split(assignment.slots, [per_feature[i].numel() for i in features_of_t])):
                 slots[i] = part
-        return with_values(features, torch.cat(slots) if slots else values)
+        host_slots = torch.cat(slots) if slots else values
+        return host_slots.to(device, non_blocking=True), with_values(on_host, host_slots)
 
     # The TBE never reallocates its weights or states, so per-table views are taken once (cheap per batch). They
     # are `.data` views, outside autograd's version counting: a prefetch writes rows that no batch in flight uses
@@ -275,10 +304,12 @@ class HashRows:
 
     def _rows_arrived(self, t: int, assignment: Assignment) -> None:
         """Fill rows handed to IDs: initial values, zero optimizer state (FUSED: every arriving ID is new)."""
+        weights = self._pool_weights(t)
+        slots = assignment.new_slots.to(weights.device, non_blocking=True)
         with torch.no_grad():
-            self._pool_weights(t)[assignment.new_slots] = self.initial_rows(t, assignment.new_ids)
+            weights[slots] = self.initial_rows(t, assignment.new_ids).to(weights.device, non_blocking=True)
             for state in self._pool_states(t):
-                state[assignment.new_slots] = 0
+                state[slots] = 0
 
     def _rows_left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
         """Rows about to be freed by eviction (FUSED: the IDs are dropped; arriving ones overwrite the rows)."""
@@ -335,16 +366,19 @@ class HashRows:
         return self._local_cols[t] + sum(math.prod(s.shape[1:]) for s in self._pool_states(t))  # type: ignore
 
     def pack_rows(self, t: int, slots: torch.Tensor) -> torch.Tensor:
-        """Pool rows ``slots`` of table ``t`` as ``[n, row_width]``: weights, then each optimizer state.
+        """Pool rows ``slots`` of table ``t`` as ``[n, row_width]`` on the host: weights, then each optimizer state
+        (gathered on the pool's device, then one device-to-host copy).
 
         Example::
 
             packed = kernel.pack_rows(0, torch.tensor([3, 5]))
             kernel.unpack_rows(0, torch.tensor([3, 5]), packed)   # no change
         """
-        parts = [self._pool_weights(t)[slots]]
+        weights = self._pool_weights(t)
+        slots = slots.to(weights.device)
+        parts = [weights[slots]]
         parts += [s[slots].view(slots.numel(), math.prod(s.shape[1:])) for s in self._pool_states(t)]
-        return torch.cat(parts, dim=1)
+        return torch.cat(parts, dim=1).cpu()
 
     def unpack_rows(self, t: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write packed ``rows`` (``[n, row_width]``, see :meth:`pack_rows`) to pool rows ``slots`` of table ``t``."""
@@ -385,7 +419,7 @@ class HashRows:
             ids, last_used = table.slot_ids[slots], table.last_used[slots]
         else:
             ids, slots, last_used = table.held()
-        pool = ShardRows(ids, slots, last_used, self.pack_rows(t, slots).cpu())
+        pool = ShardRows(ids, slots, last_used, self.pack_rows(t, slots))
         if not changed_only:
             lower = (_lower_tier_rows(keys, rows) for keys, rows in self._stored_rows(t))
             return itertools.chain([pool], lower), _EMPTY

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
-from torchrec_ascend.conformance_tests.launch import load_emulator, process_group_backend, script_device
+from torchrec_ascend.conformance_tests.launch import process_group_backend, script_device
 from torchrec_ascend.shutdown import end_rank
 
 COLLECTIVE_TIMEOUT_S = 120
@@ -35,7 +35,8 @@ COLLECTIVE_TIMEOUT_S = 120
 
 def devices_of(obj: Any) -> Set[str]:
     """The device types of every tensor in ``obj``: a tensor, a ShardedTensor, a TorchRec jagged or keyed tensor, a
-    module (parameters and buffers), an optimizer (its state), or dicts, lists and tuples of these.
+    module (its parameters: buffers such as the hash tables' ID maps live on the host by design), an optimizer (its
+    state), or dicts, lists and tuples of these.
 
     Example::
 
@@ -48,7 +49,7 @@ def devices_of(obj: Any) -> Set[str]:
     if hasattr(obj, "local_shards"):  # ShardedTensor
         return set().union(*(devices_of(s.tensor) for s in obj.local_shards()))
     if isinstance(obj, torch.nn.Module):
-        return devices_of(list(obj.parameters()) + list(obj.buffers()))
+        return devices_of(list(obj.parameters()))
     if isinstance(obj, torch.optim.Optimizer):
         return devices_of(list(obj.state.values()))
     if isinstance(obj, dict):
@@ -98,7 +99,6 @@ def start_rank(description: str) -> Tuple[argparse.Namespace, Any]:
     parser.add_argument("--out", required=True, help="where rank 0 writes the JSON results")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    load_emulator()
     dist.init_process_group(process_group_backend(), timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     return args, dist.group.WORLD
 

@@ -234,9 +234,9 @@ class KeyValueRows(HashRows):
         parts = [(ids, rows)] + [(k, r[:, :cols]) for k, r in self._stores[t].chunks()]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), col0
 
-    def map_ids(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        self._check_plain_ranges(features)
-        mapped = super().map_ids(features)
+    def _map_on_host(self, on_host: KeyedJaggedTensor, device: torch.device) -> Any:
+        self._check_plain_ranges(on_host)  # on the host copy of the IDs: no device sync
+        mapped = super()._map_on_host(on_host, device)
         self._batches += 1
         if self._log_every and self._batches % self._log_every == 0:
             logger.info("key_value cache metrics after %d batches: %s", self._batches, self.cache_stats())

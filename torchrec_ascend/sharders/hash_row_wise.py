@@ -4,6 +4,11 @@ Stock row-wise sharding sends ID ``x`` to the rank owning the row block ``x // b
 raw 64-bit values with no row meaning, so the input dist here buckets them with :func:`hash_bucketize` (the layout
 of ``block_bucketize_sparse_features``, original IDs kept) and each rank's kernel maps them to its own rows. The
 lookup and the output dist (reduce-scatter for pooled tables, all-to-all plus un-permute for sequences) are stock.
+
+:func:`hash_bucketize` is a host op: on an accelerator the input dist copies the batch's lengths and IDs (and
+weights) to the host, once each (blocking copies, so a host sync each; the negative-ID check runs on the host copy),
+buckets them there and copies the bucketed lengths and IDs (weights; for sequences the un-bucketize permutation)
+back, once each, before TorchRec's all-to-all. On the CPU every copy is a no-op.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
         self._table_of = table_of
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Any:
-        values = sparse_features.values()
+        device = sparse_features.values().device
+        values = sparse_features.values().to("cpu")
         if values.numel() and int(values.min()) < 0:
             first = int((values < 0).nonzero()[0])
             ends = torch.tensor(sparse_features.offset_per_key()[1:])
@@ -49,8 +55,11 @@ class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
                 "before the lookup."
             )
         world = self._world_size
-        lengths, bucketed, weights, permute = ops.hash_bucketize(
-            sparse_features.lengths(), values, sparse_features.weights_or_none(), world
+        weights = sparse_features.weights_or_none()
+        lengths, bucketed, weights, permute = (
+            t if t is None else t.to(device, non_blocking=True)
+            for t in ops.hash_bucketize(sparse_features.lengths().to("cpu"), values,
+                                        None if weights is None else weights.to("cpu"), world)
         )
         variable = sparse_features.variable_stride_per_key()
         bucketized = KeyedJaggedTensor(

@@ -7,6 +7,10 @@ IDs are not bounded by its ``num_embeddings``, so ID 1500 of a 1000-row table wo
 table (and fbgemm has no CPU kernel for it). :func:`dedup_per_table` dedups per table instead, with the same output
 layout, so everything downstream of the stock dedup is unchanged.
 
+On an accelerator the dedup runs on the host with the native one-pass unique: per batch, one device-to-host copy of
+the IDs (blocking: the dedup's one host sync) and host-to-device copies of the distinct IDs, their lengths and the
+reverse indices (and the accumulated weights, when asked); stock's per-table offsets are read once per buffer.
+
 Example::
 
     sharders = get_default_hybrid_sharders(use_index_dedup=True)   # the stock flag, made exact
@@ -14,7 +18,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -32,8 +37,17 @@ def table_groups(hash_size_offsets: torch.Tensor) -> List[Tuple[int, int]]:
 
         table_groups(torch.tensor([0, 2, 2, 3]))   # features 0-1 share a table, feature 2 has its own: [(0, 2), (2, 3)]
     """
-    bounds = hash_size_offsets.tolist()
-    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    key = id(hash_size_offsets)
+    held = _GROUPS.get(key)
+    if held is None or held[0]() is not hash_size_offsets:  # a module's buffer never changes: read it (a D2H) once
+        bounds = hash_size_offsets.tolist()
+        held = _GROUPS[key] = (weakref.ref(hash_size_offsets, lambda _, key=key: _GROUPS.pop(key, None)),
+                               [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a])
+    return held[1]
+
+
+#: id(buffer) -> (a weak reference to the buffer, its groups); an entry leaves with its buffer.
+_GROUPS: Dict[int, Tuple[Any, List[Tuple[int, int]]]] = {}
 
 
 def dedup_per_table(
@@ -58,7 +72,8 @@ def dedup_per_table(
         deduped, reverse = dedup_per_table(kjt, [(0, 1), (1, 2)])
         # deduped.values() == [7, 2**60, 7] (7 once per table), reverse == [0, 0, 1, 2]
     """
-    values = features.values().to(torch.int64)
+    device = features.values().device
+    values = features.values().to("cpu", torch.int64)  # the batch's IDs on the host: one copy
     key_offsets = features.offset_per_key()
     strides = features.stride_per_key()
     uniques: List[torch.Tensor] = []
@@ -67,29 +82,22 @@ def dedup_per_table(
     base = 0
     for first, end in groups:
         start, stop = key_offsets[first], key_offsets[end]
-        unique, inverse = _unique(values[start:stop])
+        unique, inverse, _ = ops.hash_unique(values[start:stop])  # native, one pass
         reverse[start:stop] = inverse + base
         base += unique.numel()
         uniques.append(unique)
         bags = sum(strides[first:end])
         per_bag, extra = divmod(unique.numel(), bags) if bags else (0, 0)
-        lengths.append(per_bag + (torch.arange(bags, device=values.device) < extra).to(torch.int64))
+        lengths.append(per_bag + (torch.arange(bags) < extra).to(torch.int64))
+    reverse = reverse.to(device, non_blocking=True)
     weights: Optional[torch.Tensor] = None
     if accumulate_weights and features.weights_or_none() is not None:
-        weights = torch.zeros(base, dtype=torch.float32, device=values.device)
+        weights = torch.zeros(base, dtype=torch.float32, device=device)
         weights.scatter_add_(0, reverse, features.weights().to(torch.float32))
     deduped = KeyedJaggedTensor(
         keys=features.keys(),
-        values=torch.cat(uniques) if uniques else values[:0],
-        lengths=torch.cat(lengths) if lengths else features.lengths()[:0].to(torch.int64),
+        values=(torch.cat(uniques) if uniques else values[:0]).to(device, non_blocking=True),
+        lengths=(torch.cat(lengths) if lengths else torch.empty(0, dtype=torch.int64)).to(device, non_blocking=True),
         weights=weights,
     )
     return deduped, reverse
-
-
-def _unique(ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    if ids.device.type == "cpu":
-        unique, inverse, _ = ops.hash_unique(ids)  # native, one pass
-        return unique, inverse
-    unique, inverse = torch.unique(ids, return_inverse=True)
-    return unique, inverse

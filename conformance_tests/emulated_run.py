@@ -1,0 +1,29 @@
+"""Run a suite script on the emulated NPU: install ``torchrec_ascend.testing``'s emulator, then run the script.
+
+The emulator must be installed before TorchRec is imported (the torchrec-ascend backend activates then and must
+find the ``npu`` device), so the suite launches its scripts through this module under ``--emulate`` instead of
+changing them: ``torchrun ... -m torchrec_ascend.conformance_tests.emulated_run SCRIPT ARGS...``. The script runs as
+``__main__``, unchanged (the stock scripts still never import torchrec_ascend themselves).
+
+Example::
+
+    python -m torchrec_ascend.conformance_tests.emulated_run conformance_tests/injection/doctor_state.py
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+
+def main() -> None:
+    from torchrec_ascend.testing import emulated_npu
+
+    emulated_npu.install()
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
