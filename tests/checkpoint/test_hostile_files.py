@@ -54,7 +54,7 @@ def test_untouched_chain_reads_back(ckpt: Path) -> None:
     assert sum(len(rows) for rows in as_dict(read_everything(ckpt)).values()) == 2 * 2 * (6 - 1)
 
 
-@pytest.mark.parametrize("name", ["../../elsewhere/" + RANK1, "/ELSEWHERE/" + RANK1, "..", "a\\..\\b" if os.altsep else "a/b"])
+@pytest.mark.parametrize("name", ["../../elsewhere/" + RANK1, "/ELSEWHERE/" + RANK1, "..", "sub/" + RANK1])
 def test_names_leaving_the_folder_are_refused(ckpt: Path, name: str) -> None:
     # the reproduction: the data file moved to a sibling folder, the metadata pointing there
     shutil.move(str(save2(ckpt) / RANK1), str(ckpt.parent / "elsewhere" / RANK1))

@@ -55,7 +55,7 @@ def check_metadata(path: str, metadata: Dict[str, Any], version: int) -> None:
     """
     try:
         _check(metadata, version, os.path.dirname(path))
-    except _Bad as error:
+    except (_Bad, StorageError) as error:  # StorageError: a file name leaving the folder (from confined)
         raise StorageError(f"checkpoint file '{path}' is corrupted or crafted: {error}") from None
 
 
