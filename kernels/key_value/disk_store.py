@@ -127,6 +127,7 @@ class DiskStore:
         self._to_compact: Set[int] = set()
         self._damaged: Set[int] = set()  # segments that failed a read: never compacted again
         self._compactions = 0
+        self._io = {"records_read": 0, "records_written": 0}
         self._version = 0  # bumped by every change; chunks() refuses to continue across one
         self._closed = False
 
@@ -150,7 +151,8 @@ class DiskStore:
         return self._table.nbytes
 
     def stats(self) -> Dict[str, int]:
-        """Counters for metrics: rows, file/live/garbage bytes, segments, compactions, index bytes.
+        """Counters for metrics: rows, file/live/garbage bytes, segments, compactions, index bytes, records read
+        (random reads: lookups and their verification) and written (puts and compactions).
 
         Example::
 
@@ -165,6 +167,7 @@ class DiskStore:
             "segments": len(self._segments),
             "compactions": self._compactions,
             "index_bytes": self.memory_nbytes,
+            **self._io,
         }
 
     def _check_open(self) -> None:
@@ -207,6 +210,68 @@ class DiskStore:
             self._table.insert(part[absent], homes, entries[absent])
         self._count_live(locations, +1)
         self._version += 1
+
+    def bulk_load(self, chunks: Iterator[Tuple[torch.Tensor, torch.Tensor]]) -> int:
+        """Fill an empty store from ``(keys, rows)`` chunks of distinct keys: records are appended chunk by chunk,
+        then each index partition is laid out once (no probing), which is much faster than one ``put`` per chunk.
+
+        While loading, the keys and buckets of every row are held (16 bytes a row, besides the index itself).
+
+        Returns:
+            int: the rows loaded.
+
+        Raises:
+            ConfigError: the store is not empty, a chunk is malformed, or a key repeats (nothing is loaded).
+            StorageError: a write failed (nothing is loaded).
+
+        Example::
+
+            store.bulk_load(iter([(torch.arange(4), torch.zeros(4, store.width))]))
+        """
+        self._check_open()
+        if len(self) or self._segments:
+            raise ConfigError(f"{self.where}: bulk_load fills an empty store; this one holds {len(self)} rows")
+        parts: List[List[Tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(PARTITIONS)]
+        try:
+            for keys, rows in chunks:
+                keys = check_keys(keys, self.where)
+                rows = check_rows(rows, keys.numel(), self.width, self.dtype, self.where)
+                locations = self._append(self._format.encode(keys, rows), f"{keys.numel()} rows")
+                part, fingerprint, _ = self._hash(keys.numpy())
+                entries = (fingerprint << _SHIFT) | (locations.astype(np.uint64) + np.uint64(1))
+                order = np.argsort(part, kind="stable")
+                bounds = np.searchsorted(part[order], np.arange(PARTITIONS + 1))
+                for p in np.flatnonzero(np.diff(bounds)).tolist():
+                    chosen = order[bounds[p] : bounds[p + 1]]
+                    parts[p].append((keys.numpy()[chosen], entries[chosen]))
+            for p, pieces in enumerate(parts):
+                if pieces:
+                    keys_p = np.concatenate([k for k, _ in pieces])
+                    if np.unique(keys_p).size != keys_p.size:
+                        raise ConfigError(f"{self.where}: bulk_load got a key more than once; keys must be distinct")
+                    entries_p = np.concatenate([e for _, e in pieces])
+                    parts[p] = []
+                    self._table.rehash(p, entries_p.size, entries_p)
+        except BaseException:
+            self._reset()
+            raise
+        for seg in self._segments.values():
+            seg.live = seg.count
+        self._version += 1
+        return len(self)
+
+    def _reset(self) -> None:
+        """Forget every row and delete every file (a failed bulk load)."""
+        for seg in list(self._segments.values()):
+            self._drop_segment(seg)
+            try:
+                seg.unlink()
+            except OSError:
+                pass
+        self._free_ids.clear()
+        self._next_segment_id = 0
+        self._active = None
+        self._table = OpenTable(np.uint64, PARTITIONS, MAX_BUCKETS, self._home_of)
 
     def contains(self, keys: torch.Tensor) -> torch.Tensor:
         """Bool ``[n]``: which keys the store holds (their records are read to verify the key).
@@ -431,6 +496,7 @@ class DiskStore:
                 f"{error.errno}); nothing was stored and every earlier row is intact. Free space on that disk or "
                 f"give the table a writable disk directory with room for it"
             ) from error
+        self._io["records_written"] += records.shape[0]
         return locations
 
     def _read(self, locations: np.ndarray, keys: torch.Tensor) -> np.ndarray:
@@ -455,6 +521,7 @@ class DiskStore:
                     f"Restore the table from a checkpoint"
                 )
             records[where] = seg.read(offsets[where])
+            self._io["records_read"] += where.size
         bad = np.flatnonzero(records[:, 1] != self._format.checksums(records, locations))
         if bad.size:
             self._raise_damaged(locations[bad], keys[torch.from_numpy(bad)])

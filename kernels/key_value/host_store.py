@@ -100,7 +100,8 @@ class HostStore:
         self._stamp = self._stamp_store[:0]
         self._clock = 0
         self._version = 0
-        self._counters = {"spills": 0, "spilled_rows": 0, "direct_disk_rows": 0, "promotions": 0, "promoted_rows": 0}
+        self._counters = {"spills": 0, "spilled_rows": 0, "direct_disk_rows": 0, "promotions": 0, "promoted_rows": 0,
+                          "host_reads": 0, "disk_reads": 0}
 
     def __len__(self) -> int:
         return len(self._index) + (len(self.spill) if self.spill is not None else 0)
@@ -128,7 +129,9 @@ class HostStore:
         ``disk_bytes`` (segment files, garbage included), ``disk_index_bytes`` (host memory of the disk index, not
         in the budget), ``spills`` (calls that spilled), ``spilled_rows`` (host rows moved to disk),
         ``direct_disk_rows`` (put rows that went straight to disk: more new rows in one call than fit),
-        ``promotions`` and ``promoted_rows`` (disk rows moved up by ``get``).
+        ``promotions`` and ``promoted_rows`` (disk rows moved up by ``get``), ``host_reads`` and ``disk_reads``
+        (rows found in each tier by ``get`` and ``pop``: the hits of each tier), ``disk_records_read`` and
+        ``disk_records_written`` (records the disk tier read and wrote, verification and compaction included).
 
         Example::
 
@@ -143,6 +146,8 @@ class HostStore:
             "disk_rows": disk.get("rows", 0),
             "disk_bytes": disk.get("file_bytes", 0),
             "disk_index_bytes": disk.get("index_bytes", 0),
+            "disk_records_read": disk.get("records_read", 0),
+            "disk_records_written": disk.get("records_written", 0),
             **self._counters,
         }
 
@@ -193,11 +198,13 @@ class HostStore:
         keys = check_keys(keys, self.where)
         self._tick()
         rows, found, hit_slots = self._read_host(keys)
+        self._counters["host_reads"] += hit_slots.numel()
         miss = (~found).nonzero().squeeze(1)
         if self.spill is not None and miss.numel():
             disk_rows, disk_found = self.spill.get(keys[miss])
             rows[miss] = disk_rows
             found[miss] = disk_found
+            self._counters["disk_reads"] += int(disk_found.sum())
             if self.promote and bool(disk_found.any()):
                 self._promote(keys[miss][disk_found], disk_rows[disk_found], protect=hit_slots)
         self._stamp[hit_slots] = self._clock
@@ -220,10 +227,13 @@ class HostStore:
         rows, found, _ = self._read_host(keys)
         host_keys = keys[found]
         miss = (~found).nonzero().squeeze(1)
+        disk_found = torch.zeros(0, dtype=torch.bool)
         if self.spill is not None and miss.numel():
             disk_rows, disk_found = self.spill.pop(keys[miss])
             rows[miss] = disk_rows
             found[miss] = disk_found
+        self._counters["host_reads"] += host_keys.numel()
+        self._counters["disk_reads"] += int(disk_found.sum())
         self._stamp[self._index.remove(host_keys)] = FREE_STAMP
         self._version += 1
         return rows, found

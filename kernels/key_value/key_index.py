@@ -209,8 +209,9 @@ class OpenTable:
         for p in np.flatnonzero(self.used + incoming > MAX_LOAD * self.size).tolist():
             self.rehash(p, int(self.live[p] + incoming[p]))
 
-    def rehash(self, p: int, keys: int) -> None:
-        """Rebuild partition ``p`` without tombstones, sized for ``keys`` keys at ``LOW_LOAD``."""
+    def rehash(self, p: int, keys: int, extra: Optional[np.ndarray] = None) -> None:
+        """Rebuild partition ``p`` without tombstones, sized for ``keys`` keys at ``LOW_LOAD``, adding the
+        entries ``extra`` (of keys absent from it; counted in ``keys`` and already in its live count)."""
         size = max(MIN_BUCKETS, int(np.ceil(keys / LOW_LOAD)) + 1)
         if size > self.stride:
             raise CapacityError(
@@ -220,6 +221,8 @@ class OpenTable:
         start, old_size = p * self.stride, int(self.size[p])
         region = self.buckets[start : start + old_size]
         entries = region[(region != 0) & (region != self.tomb)].copy()
+        if extra is not None:
+            entries = np.concatenate([entries, extra])
         region[:] = 0
         if size < old_size:
             release(self.buckets, start + size, start + old_size)
