@@ -29,7 +29,13 @@ STANDINS = REPO / "tests" / "standins" / "torch_npu_standin"
 MARKER = "FRESH-INTERPRETER-REPORT:"
 PARALLEL_CHILDREN = 2
 # Inherited settings that would change what the child does.
-_CLEARED = ("TORCHREC_ASCEND_", "TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCH_NPU_STANDIN_", "PYTHONPATH")
+_CLEARED = (
+    "TORCHREC_ASCEND_",
+    "TORCH_DEVICE_BACKEND_AUTOLOAD",
+    "TORCH_NPU_STANDIN_",
+    "FBGEMM_ASCEND_STANDIN_",
+    "PYTHONPATH",
+)
 
 
 def report(facts: Dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ stand-in's own list of natively supported ops.
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import Future
 from typing import Any, Dict
 
@@ -51,6 +52,41 @@ with contextlib.redirect_stdout(out):
 report({"status": status, "text": out.getvalue()})
 """
 
+# fbgemm-ascend built for another torch: what `import fbgemm_ascend` says (fbgemm-ascend 1.5.0 on torch 2.13/2.14).
+ABI_ERROR = "fbgemm_ascend_py_a2a3.so: undefined symbol: _ZN3c1013MessageLoggerC1EPKciib"
+NO_KERNELS = """
+import contextlib, io, warnings
+import torch
+from fresh_interpreter import report
+facts = {}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import torchrec
+    from torchrec_ascend import backends
+    facts["selected"] = backends.activate().name
+facts["load_warnings"] = [str(w.message) for w in caught if "fbgemm_ascend" in str(w.message)]
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.cli import main
+def embedding_bags():
+    configs = [torchrec.EmbeddingBagConfig(name=f"t{i}", embedding_dim=8, num_embeddings=1000, feature_names=[f"f{i}"])
+               for i in range(3)]
+    return torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+for device in ("npu", "cpu"):
+    try:
+        plan = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device=device)).plan(
+            embedding_bags(), [EmbeddingBagCollectionSharder()])
+        facts[device] = sorted({p.compute_kernel for p in plan.plan[""].values()})
+    except ConfigError as err:
+        facts[device] = "ConfigError: " + str(err)
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    facts["status"] = main(["doctor"])
+facts["doctor"] = out.getvalue()
+report(facts)
+"""
+
 NPU_ENV = {"TORCHREC_ASCEND_DEVICE": "npu"}
 ROW_WISE = ["rank:0/npu:0", "rank:1/npu:1"]
 
@@ -62,6 +98,11 @@ def children() -> Dict[str, "Future[Dict[str, Any]]"]:
             "probe": {"code": "import npu_wiring_probe", "env": NPU_ENV, "standins": True},
             "selection": {"code": SELECTION, "standins": True},
             "doctor": {"code": DOCTOR, "env": NPU_ENV, "standins": True},
+            "no_kernels": {
+                "code": NO_KERNELS,
+                "env": {**NPU_ENV, "FBGEMM_ASCEND_STANDIN_IMPORT_ERROR": ABI_ERROR},
+                "standins": True,
+            },
         }
     )
 
@@ -165,7 +206,8 @@ def test_fbgemm_ops_without_an_npu_kernel_get_the_host_round_trip(probe: Dict[st
     assert ops["listed"] == list(NPU.host_fallback_ops)
     assert all(ops["has_kernel"].values())
     assert ops["registered"] == [f"fbgemm::{op}" for op in ops["listed"] if op not in ops["native"]]
-    assert set(ops["native"]) <= set(ops["listed"]), "the stand-in must exercise the skip path"
+    assert set(ops["native"]) & set(ops["listed"]), "the stand-in must exercise the skip path"
+    assert set(ops["native"]) <= set(ops["listed"]) | set(NPU.device_tbe_ops)
 
 
 def test_broken_torch_npu_is_an_error_unless_fallback_is_asked(children: Dict[str, Future]) -> None:
@@ -185,5 +227,32 @@ def test_doctor_on_the_npu_backend(children: Dict[str, Future]) -> None:
     text = facts["text"]
     assert facts["status"] == 0, text
     assert "Device backend: npu (requested: npu)" in text
-    assert "ops served by a host round trip:" in text and "fbgemm::block_bucketize_sparse_features" in text
+    assert "Device ops (npu):\n  fbgemm_ascend     loaded" in text
+    for op in NPU.host_fallback_ops:
+        state = "device kernel" if op in ("asynchronous_complete_cumsum", "permute_2D_sparse_data") else "host fallback"
+        assert re.search(rf"  {op} +{state}", text), op
+    for op in NPU.device_tbe_ops:
+        assert re.search(rf"  {op} +device kernel", text), op
     assert [line for line in text.splitlines() if len(line) > 100] == []
+
+
+def test_without_loadable_device_kernels_ops_fall_back_and_device_planning_is_refused(
+    children: Dict[str, Future],
+) -> None:
+    """fbgemm_ascend fails to import (ABI): the backend still starts, doctor shows the error and per op the host
+    fallback, and planning tables on the npu is refused naming the missing TBE op and both choices."""
+    facts = children["no_kernels"].result()
+    assert facts["selected"] == "npu"
+    assert len(facts["load_warnings"]) == 1 and ABI_ERROR in facts["load_warnings"][0]
+    refused = facts["npu"]
+    assert refused.startswith("ConfigError: cannot plan") and ABI_ERROR in refused, refused
+    assert f"fbgemm::{NPU.device_tbe_ops[0]}" in refused
+    assert "fbgemm_ascend" in refused and "plan these tables on the host" in refused
+    assert facts["cpu"] == ["fused"], "tables planned on the host are not refused"
+    text = facts["doctor"]
+    assert facts["status"] == 0, text
+    assert "  fbgemm_ascend     NOT LOADED: ImportError: fbgemm_ascend_py_a2a3.so: undefined symbol:" in text
+    for op in NPU.host_fallback_ops:
+        assert re.search(rf"  {op} +host fallback \(0 calls\)", text), op
+    for op in NPU.device_tbe_ops:
+        assert re.search(rf"  {op} +no kernel: device planning refused", text), op

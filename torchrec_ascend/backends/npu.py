@@ -1,5 +1,10 @@
 """The Ascend NPU backend: torch_npu (PrivateUse1 renamed "npu"), HCCL collectives, fbgemm-ascend sparse ops.
 
+fbgemm-ascend is optional: no release loads against torch 2.13/2.14 (1.5.0 was built for torch 2.10), so build it
+from source against your torch and torch-npu. Without it, every sparse op runs through the host fallback (counted,
+a warning per op) and planning embedding tables on the npu is refused, naming the missing device TBE op;
+``torchrec-ascend doctor`` shows why fbgemm_ascend did not load and, per op, device kernel or host fallback.
+
 Bound, not yet run on hardware by this project: check an installation with ``torchrec-ascend conformance --device
 npu`` on an Ascend host.
 """
@@ -9,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 
 from torchrec_ascend.backends.profile import DeviceProfile, PlannerSpec, StreamSpec, TbeSpec
+from torchrec_ascend.hooks.versions import STACKS
 
 # Atlas 800T A2: 64 GB of HBM per NPU; TorchRec's HBM bandwidth constant scaled to the 910B's ~1.6 TB/s.
 _NPU_HBM_BYTES = 64 * 1024**3
@@ -27,8 +33,14 @@ NPU = DeviceProfile(
     priority=20,
     detect=_torch_npu_installed,
     requires_modules=("torch_npu",),
-    # fbgemm_gpu defines the fbgemm:: op schemas; fbgemm_ascend adds Ascend kernels for them.
-    op_modules=("fbgemm_gpu", "fbgemm_ascend"),
+    # fbgemm_gpu defines the fbgemm:: op schemas; fbgemm_ascend (optional) adds Ascend kernels for them.
+    op_modules=("fbgemm_gpu",),
+    optional_op_modules=("fbgemm_ascend",),
+    # The forward of fbgemm's TBE on the device (the backward and optimizers come from the same library).
+    device_tbe_ops=(
+        "split_embedding_codegen_forward_unweighted_pt2_wrapper",
+        "split_embedding_codegen_forward_weighted_pt2_wrapper",
+    ),
     # fbgemm ops TorchRec's training path dispatches that fbgemm-ascend may lack on some SoCs (A2/A3).
     host_fallback_ops=(
         "block_bucketize_sparse_features",
@@ -64,5 +76,11 @@ NPU = DeviceProfile(
         kernel_bandwidths={"fused": _NPU_HBM_BYTES_PER_MS, "key_value": _NPU_HBM_BYTES_PER_MS / 4},
     ),
     process_group_classes=("torch_npu._C._distributed_c10d:ProcessGroupHCCL",),
-    installed_with="torchrec-ascend[npu] (torch_npu 2.13.x, fbgemm-ascend) and a CANN toolkit",
+    installed_with=(
+        "torchrec-ascend[npu] (torch-npu "
+        + " / ".join(s.torch_npu for s in STACKS)
+        + " for torch "
+        + " / ".join(s.torch for s in STACKS)
+        + ") and a CANN toolkit"
+    ),
 )

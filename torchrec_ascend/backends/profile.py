@@ -81,6 +81,10 @@ class DeviceProfile:
         requires_modules: modules imported, in order, when the backend is activated (e.g. ``torch_npu``).
         op_modules: modules imported after those to register fbgemm sparse ops for the device (H6).
         host_fallback_ops: ``fbgemm::`` ops that run through a host round trip when the device lacks a kernel.
+        optional_op_modules: device-kernel libraries imported after ``op_modules`` if they load (e.g.
+            ``fbgemm_ascend``); a failure is recorded (``doctor`` shows it) and their ops use the host fallback.
+        device_tbe_ops: ``fbgemm::`` ops a table-batched embedding on the device needs a device kernel for;
+            without them, planning embedding tables on the device is refused (H6).
         sharding_types: TorchRec sharding types the device supports (H1).
         compute_kernels: compute kernels offered for model-parallel sharding types (data_parallel uses dense).
         fused_optimizers: fbgemm ``EmbOptimType`` names that can be fused into backward on this device.
@@ -119,6 +123,8 @@ class DeviceProfile:
     requires_modules: Tuple[str, ...] = ()
     op_modules: Tuple[str, ...] = ()
     host_fallback_ops: Tuple[str, ...] = ()
+    optional_op_modules: Tuple[str, ...] = ()
+    device_tbe_ops: Tuple[str, ...] = ()
     kernel_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     process_group_classes: Tuple[str, ...] = ()
     installed_with: str = ""

@@ -149,10 +149,12 @@ def validate_profile(profile: "DeviceProfile") -> None:
     check.names("fused_optimizers", profile.fused_optimizers, FUSED_OPTIMIZERS)
     check.names("requires_modules", profile.requires_modules)
     check.names("op_modules", profile.op_modules)
-    for field in ("requires_modules", "op_modules"):
+    check.names("optional_op_modules", profile.optional_op_modules)
+    for field in ("requires_modules", "op_modules", "optional_op_modules"):
         for module in getattr(profile, field):
             check.text(field, module, _MODULE, "a dotted module name")
     check.names("host_fallback_ops", profile.host_fallback_ops)
+    check.names("device_tbe_ops", profile.device_tbe_ops)
     check.names("process_group_classes", profile.process_group_classes)
     for target in profile.process_group_classes:
         check.text("process_group_classes", target, _MODULE_ATTR, "'module:qualname'")

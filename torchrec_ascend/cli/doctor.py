@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 import platform
 import textwrap
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from torchrec_ascend.hooks import versions as version_table
 from torchrec_ascend.injection import autoload, drift
@@ -97,7 +97,6 @@ def report() -> str:
 
 def _backend_lines(problems: List[str]) -> List[str]:
     from torchrec_ascend import backends
-    from torchrec_ascend.hooks import sparse_ops
 
     selection = backends.selection_status()
     lines = ["", f"Device backend: {selection.selected or '(not activated)'} (requested: {selection.requested})"]
@@ -109,9 +108,31 @@ def _backend_lines(problems: List[str]) -> List[str]:
             lines += _wrap(f"{name:<6} {present:<8} {profile.collective_backend:<6} {profile.description}", "  ")
     except Exception as err:
         problems.append(f"listing backends failed: {type(err).__name__}: {err}")
-    if sparse_ops.REGISTERED:
-        lines.append("  ops served by a host round trip:")
-        lines += _wrap(", ".join(sparse_ops.REGISTERED), "    ")
+    if selection.selected:
+        lines += _device_op_lines(backends.profile_for(selection.selected) or backends.active())
+    return lines
+
+
+def _device_op_lines(profile: Any) -> List[str]:
+    """The active backend's optional kernel libraries (loaded, or the import error) and each fbgemm op it calls."""
+    from torchrec_ascend.hooks import sparse_ops
+
+    rows = sparse_ops.op_coverage(profile)
+    if not rows and not profile.optional_op_modules:
+        return []
+    lines = ["", f"Device ops ({profile.name}):"]
+    for module in profile.optional_op_modules:
+        library = sparse_ops.LIBRARIES.get(module)
+        state = "not tried" if library is None else f"NOT LOADED: {library.error}" if library.error else "loaded"
+        lines += _wrap(f"{module:<17} {state}", "  ")
+    calls = sparse_ops.fallback_calls()
+    tbe = {f"fbgemm::{n}" for n in profile.device_tbe_ops}
+    for op, state in rows:
+        if state == "host fallback":
+            state += f" ({calls.get(op, 0)} calls)"
+        elif state == "no kernel" and op in tbe:
+            state = "no kernel: device planning refused"
+        lines += _wrap(f"{op.partition('::')[2]:<55} {state}", "  ")
     return lines
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from torchrec_ascend import backends
 from torchrec_ascend.backends.profile import TORCHREC_REFERENCE_DEVICE, DeviceProfile
+from torchrec_ascend.hooks import sparse_ops
 from torchrec_ascend.hooks.versions import TORCHREC, TORCHREC_FBGEMM
 from torchrec_ascend.injection.patch import Patch
 
@@ -77,6 +78,9 @@ def _sharding_types(original: Callable[..., List[str]]) -> Callable[..., List[st
 
 def _compute_kernels(original: Callable[..., List[str]]) -> Callable[..., List[str]]:
     def compute_kernels(self: Any, sharding_type: str, compute_device_type: str) -> List[str]:
+        profile = planning_profile(compute_device_type)
+        if profile is not None and sharding_type != "data_parallel":
+            sparse_ops.require_device_tbe(profile, sharding_type)  # H6: refused, naming the missing op
         return granted(
             lambda device: original(self, sharding_type, device), compute_device_type, lambda p: p.compute_kernels
         )

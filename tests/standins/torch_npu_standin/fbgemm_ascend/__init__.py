@@ -2,16 +2,28 @@
 
 The real package provides Ascend kernels for the fbgemm sparse ops; this one registers, for the ops in
 :data:`NATIVE_OPS`, a kernel that raises if called (nothing can run on the stand-in "npu"). torchrec-ascend must
-leave these ops alone and give the other ops its host round trip.
+leave these ops alone and give the other ops its host round trip. ``FBGEMM_ASCEND_STANDIN_IMPORT_ERROR=<message>``
+makes the import raise ``ImportError(<message>)``, as a build for another torch does (an undefined symbol).
 """
 
 from __future__ import annotations
 
-import fbgemm_gpu  # noqa: F401  (defines the fbgemm:: op schemas these kernels implement)
-import torch
+import os
+
+_failure = os.environ.get("FBGEMM_ASCEND_STANDIN_IMPORT_ERROR")
+if _failure:
+    raise ImportError(_failure)
+
+import fbgemm_gpu  # noqa: E402,F401  (defines the fbgemm:: op schemas these kernels implement)
+import torch  # noqa: E402
 
 STANDIN = True
-NATIVE_OPS = ("asynchronous_complete_cumsum", "permute_2D_sparse_data")
+NATIVE_OPS = (
+    "asynchronous_complete_cumsum",
+    "permute_2D_sparse_data",
+    "split_embedding_codegen_forward_unweighted_pt2_wrapper",  # the device TBE
+    "split_embedding_codegen_forward_weighted_pt2_wrapper",
+)
 
 
 def _not_runnable(*args: object, **kwargs: object) -> None:

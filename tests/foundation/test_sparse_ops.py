@@ -1,0 +1,42 @@
+"""H6 in this process: the host fallback counts its calls and warns once per op; a device TBE without kernels is
+refused. Oracles: the CPU op itself, and the dispatcher's own kernel table (no PrivateUse1 kernels here)."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import fbgemm_gpu  # noqa: F401  (defines torch.ops.fbgemm)
+import torch
+
+from torchrec_ascend import backends
+from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.hooks import sparse_ops
+
+
+def test_the_host_fallback_returns_the_cpu_result_counts_calls_and_warns_once() -> None:
+    op = torch.ops.fbgemm.asynchronous_complete_cumsum.default
+    name = "fbgemm::asynchronous_complete_cumsum (test)"
+    wrapped = sparse_ops.host_round_trip(op, name)
+    lengths = torch.tensor([2, 0, 3], dtype=torch.int64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = [wrapped(lengths) for _ in range(3)]
+    assert all(torch.equal(r, op(lengths)) for r in results)
+    assert sparse_ops.fallback_calls()[name] == 3
+    assert [str(w.message) for w in caught if name in str(w.message)] == [str(caught[0].message)], "once per op"
+    assert "host fallback" in str(caught[0].message)
+
+
+def test_a_device_tbe_without_device_kernels_is_refused_naming_the_op_and_the_choices() -> None:
+    profile = dataclasses.replace(
+        backends.profile_for("cpu"), name="dev", device_type="dev", device_tbe_ops=("asynchronous_complete_cumsum",)
+    )
+    assert sparse_ops.missing_device_tbe_ops(profile) == ["fbgemm::asynchronous_complete_cumsum"]
+    with pytest.raises(ConfigError, match="cannot plan row_wise embedding tables on dev") as caught:
+        sparse_ops.require_device_tbe(profile, "row_wise")
+    assert "fbgemm::asynchronous_complete_cumsum" in str(caught.value)
+    assert "install a device-kernel library" in str(caught.value) and "plan these tables on the host" in str(caught.value)
+    sparse_ops.require_device_tbe(backends.profile_for("cpu"), "row_wise")  # no device TBE ops: nothing to refuse
+    assert sparse_ops.op_coverage(profile) == [("fbgemm::asynchronous_complete_cumsum", "no kernel")]
