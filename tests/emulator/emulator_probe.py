@@ -247,10 +247,87 @@ def _rank(rank: int, store_file: str, queue: Any) -> None:
     os._exit(0)
 
 
+def tbe() -> Dict[str, Any]:
+    """fbgemm's TBE on the accelerator layout (DEVICE, CUDA compute: the npu profile's TbeSpec) vs its CPU layout."""
+    emulated_npu.install()
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        EmbeddingLocation,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    facts: Dict[str, Any] = {}
+    specs = [(10, 4), (7, 8)]
+    indices, offsets = torch.tensor([1, 2, 3, 1, 0, 6, 2]), torch.tensor([0, 2, 4, 5, 7])
+    for optimizer in (EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ROWWISE_ADAGRAD):
+        host = SplitTableBatchedEmbeddingBagsCodegen(
+            [(r, d, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, d in specs], optimizer=optimizer,
+            learning_rate=0.1)
+        dev = SplitTableBatchedEmbeddingBagsCodegen(
+            [(r, d, EmbeddingLocation.DEVICE, ComputeDevice.CUDA) for r, d in specs], optimizer=optimizer,
+            learning_rate=0.1, device=torch.device("npu"))
+        with torch.no_grad():
+            dev.weights_dev.copy_(host.weights_host)
+        steps = []
+        for _ in range(3):
+            expected = host(indices, offsets)
+            (expected * torch.arange(expected.numel()).view_as(expected)).sum().backward()
+            with emulated_npu.measure() as m:
+                got = dev(indices.npu(), offsets.npu())
+                (got * torch.arange(got.numel(), device="npu").view_as(got)).sum().backward()
+            steps.append({
+                "output_equal": torch.equal(expected, got.cpu()),
+                "weights_diff": float((dev.weights_dev.detach().cpu() - host.weights_host.detach()).abs().max()),
+                "device": str(got.device),
+                "weights_device": str(dev.weights_dev.device),
+                "counts": dataclasses.asdict(m.counts),
+            })
+        facts[optimizer.name] = steps
+    return facts
+
+
+def ebc() -> Dict[str, Any]:
+    """Stock TorchRec EmbeddingBagCollection forward/backward on the emulated npu vs the same module on the CPU."""
+    emulated_npu.install()
+    import torchrec
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    tables = [
+        torchrec.EmbeddingBagConfig(name="t1", embedding_dim=4, num_embeddings=10, feature_names=["f1"]),
+        torchrec.EmbeddingBagConfig(name="t2", embedding_dim=8, num_embeddings=6, feature_names=["f2"]),
+    ]
+    cpu = torchrec.EmbeddingBagCollection(tables=tables)
+    npu = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("npu"))
+    npu.load_state_dict(cpu.state_dict())
+
+    def batch() -> KeyedJaggedTensor:  # a fresh KJT each time: KJT.to() keeps a cached to_dict() of the old device
+        return KeyedJaggedTensor.from_lengths_sync(
+            keys=["f1", "f2"], values=torch.tensor([1, 2, 3, 4, 5, 0]), lengths=torch.tensor([2, 1, 2, 1]))
+
+    expected = cpu(batch()).values()
+    (expected * expected).sum().backward()
+    with emulated_npu.measure() as upload:
+        features = batch().to(torch.device("npu"))
+    with emulated_npu.measure() as step:
+        got = npu(features).values()
+        (got * got).sum().backward()
+    return {
+        "output_equal": torch.allclose(expected, got.cpu()),
+        "output_device": str(got.device),
+        "grads": {n: [str(q.grad.device), torch.allclose(p.grad, q.grad.cpu())]
+                  for (n, p), (_, q) in zip(cpu.named_parameters(), npu.named_parameters())},
+        "upload": dataclasses.asdict(upload.counts),
+        "step": dataclasses.asdict(step.counts),
+    }
+
+
 PROGRAMS: Dict[str, Callable[[], Dict[str, Any]]] = {
     "device": device,
     "fbgemm": fbgemm,
     "collectives": collectives,
+    "tbe": tbe,
+    "ebc": ebc,
 }
 
 

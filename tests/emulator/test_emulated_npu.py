@@ -26,7 +26,7 @@ def _program(name: str) -> Dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def children() -> Dict[str, "Future[Dict[str, Any]]"]:
-    return start_all({name: _program(name) for name in ("device", "fbgemm", "collectives")})
+    return start_all({name: _program(name) for name in ("collectives", "device", "fbgemm", "tbe", "ebc")})
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +147,25 @@ def test_collectives_over_the_hccl_role_backend(children: Dict[str, "Future[Dict
         assert "No backend type associated with device type npu" in r["mixed_error"]
     assert r0["all_to_all"] == [0.0, 10.0, 11.0] and r1["all_to_all"] == [1.0, 2.0, 12.0]
     assert r0["reduce_scatter"] == [3.0] and r1["reduce_scatter"] == [6.0]
+
+
+@pytest.mark.parametrize("optimizer", ["EXACT_SGD", "EXACT_ROWWISE_ADAGRAD"])
+def test_tbe_on_the_accelerator_layout_trains_like_fbgemm_cpu(
+    children: Dict[str, "Future[Dict[str, Any]]"], optimizer: str
+) -> None:
+    steps = children["tbe"].result()[optimizer]
+    assert len(steps) == 3
+    for step in steps:
+        assert step["output_equal"] is True and step["weights_diff"] == 0.0
+        assert step["device"] == step["weights_device"] == "npu:0"
+    # per step: the batch's indices and offsets go up; nothing comes back (fbgemm's rowwise adagrad reads one
+    # 8-byte scalar on its first step only)
+    assert [s["counts"] for s in steps[1:]] == [counts(h2d=2, h2d_bytes=96)] * 2
+
+
+def test_stock_embedding_bag_collection_on_npu(children: Dict[str, "Future[Dict[str, Any]]"]) -> None:
+    facts = children["ebc"].result()
+    assert facts["output_equal"] is True and facts["output_device"] == "npu:0"
+    assert facts["grads"] == {"embedding_bags.t1.weight": ["npu:0", True], "embedding_bags.t2.weight": ["npu:0", True]}
+    assert facts["upload"] == counts(h2d=2, h2d_bytes=80)  # values and lengths
+    assert facts["step"] == ZERO  # forward and backward on the device move nothing and never wait

@@ -160,6 +160,9 @@ def _provide_fbgemm_ops() -> List[str]:
         and not has(n, "PrivateUse1")
     ]
     _extension().provide_ops(names)
+    from torchrec_ascend.testing import tbe
+
+    tbe.register()
     return names
 
 

@@ -47,6 +47,9 @@ int stream_priority(int64_t stream_id);
 // `resizable`: a kernel may grow it; it then moves to fresh host memory and the caller copies it back.
 at::Tensor host_alias(const at::Tensor& tensor, bool resizable = false);
 
+// A host tensor copied into fresh memory of `device` (not counted: the emulator's own data movement).
+at::Tensor device_copy(const at::Tensor& host, c10::Device device);
+
 // fbgemm (or other non-aten) operators given a device kernel, by qualified name "ns::name[.overload]".
 void provide_ops(const std::vector<std::string>& names);
 void withhold_ops(const std::vector<std::string>& names);

@@ -32,6 +32,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return std::vector<int64_t>{c.h2d.load(), c.h2d_bytes.load(), c.d2h.load(), c.d2h_bytes.load(),
                                 c.d2d.load(), c.syncs.load()};
   });
+  m.def("host_alias", [](const at::Tensor& tensor) { return emu::host_alias(tensor); },
+        "A CPU tensor over the same memory as an npu tensor (no copy, not counted).");
+  m.def("device_copy", [](const at::Tensor& host, int index) {
+    return emu::device_copy(host, c10::Device(emu::kDevice, static_cast<c10::DeviceIndex>(index)));
+  }, "A host tensor copied into fresh memory of npu:index (not counted).");
   m.def("provide_ops", &emu::provide_ops);
   m.def("withhold_ops", &emu::withhold_ops);
   m.def("provided_ops", &emu::provided_ops);

@@ -41,22 +41,25 @@ at::Tensor host_alias(const at::Tensor& tensor, bool resizable) {
   return alias;
 }
 
+at::Tensor device_copy(const at::Tensor& host, c10::Device device) {
+  if (!host.defined() || host.device().type() == kDevice) {
+    return host;
+  }
+  const auto options = host.options().device(device);
+  at::Tensor out = host.is_non_overlapping_and_dense() ? at::empty_strided(host.sizes(), host.strides(), options)
+                                                       : at::empty(host.sizes(), options);
+  host_alias(out).copy_(host);
+  return out;
+}
+
 namespace {
 
 c10::TensorOptions device_options(const at::Tensor& like, c10::Device device) {
   return like.options().device(device);
 }
 
-// A host result copied into fresh device memory of `device`.
 at::Tensor to_device(const at::Tensor& host, c10::Device device) {
-  if (!host.defined() || host.device().type() == kDevice) {
-    return host;
-  }
-  at::Tensor out = host.is_non_overlapping_and_dense()
-                       ? at::empty_strided(host.sizes(), host.strides(), device_options(host, device))
-                       : at::empty(host.sizes(), device_options(host, device));
-  host_alias(out).copy_(host);
-  return out;
+  return device_copy(host, device);
 }
 
 bool allows_cpu_indices(const c10::OperatorName& name) {
