@@ -1,0 +1,477 @@
+"""Scale: training a KEY_VALUE table whose rows and optimizer state are larger than this machine's memory.
+
+One rank trains a model (one EmbeddingBagCollection table of ``--rows`` rows of ``--dim`` fp32 with row-wise
+Adagrad fused into backward, a linear head, MSE) on Zipf(``--alpha``) IDs, with the KEY_VALUE kernel: a device
+cache of ``--cache-rows`` rows over a host tier of ``--host-gib`` over the disk tier in ``--dir``. Every row exists
+before training (the disk tier is filled with the rows the kernel would initialise, as after a restore), so the
+table really is ``rows * (dim + 1) * 4`` bytes. The baseline is the same model with a table of
+``--baseline-rows`` rows that the host tier holds entirely (no disk tier), on the same rank sequence.
+
+Measured in the same run:
+
+* the disk's own limits with ``fio`` (``dd`` and Python ``pread`` when fio is missing): random 4 KiB reads at queue
+  depth 1 (the disk tier's page faults are synchronous) and 32, sequential 1 MiB writes;
+* steps/s of both models (after a warm-up that fills the cache), the ratio (target >= 0.3), the hit rate of each
+  tier (device cache hits / lookups; of the rows swapped in, the share found in host memory and on disk), records
+  read and written per step by the disk tier and the bytes the process read and wrote on the device
+  (``/proc/self/io``), with the fraction of the disk's measured throughput they reach;
+* peak RSS (``VmHWM``) against the promise: device cache + host budget + disk index + a constant;
+* checkpoints (``Saver``) of a sub-table of ``--ckpt-rows`` rows, mostly on disk (the full table and its
+  checkpoint do not fit the free disk together): full and incremental save GB/s against the disk's sequential
+  write throughput, and the incremental bytes when 10% of the rows changed.
+
+It refuses to start without the free disk it needs, deletes everything it wrote (also on failure or Ctrl-C) and
+writes its numbers into ``benchmarks/REPORT.md`` (its own section, the rest kept). Not part of ``run_all.py``'s
+default run (it needs ~60 GB of disk and ~20 minutes); run it with ``scripts/run-scale-benchmark``::
+
+    scripts/run-scale-benchmark                          # full size: 200M rows x 64 fp32 + Adagrad, ~55 GB
+    scripts/run-scale-benchmark --rows 4000000 --baseline-rows 1000000 --ckpt-rows 1000000 --steps 10  # dry run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torchrec
+from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.optim.keyed import KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend import Saver, get_default_hybrid_sharders
+from torchrec_ascend.kernels.key_value import cache_metrics
+from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
+from torchrec_ascend.kernels.walk import sharded_kernels
+
+HERE = Path(__file__).resolve().parent
+REPORT = HERE / "REPORT.md"
+SECTION = "## Scale: a KEY_VALUE table larger than memory (bench_scale.py)"
+TARGET = 0.3
+RECORD_OVERHEAD = 16  # key and checksum words of a disk record
+CONSTANT_BYTES = 512 << 20  # the promise's constant: a batch's temporaries, autograd, the dense part, heap slack
+GIB = 1 << 30
+
+
+# -- the disk's own limits ---------------------------------------------------------------------------------------------
+
+def fio(directory: str, rw: str, bs: str, depth: int, seconds: int) -> Optional[float]:
+    """MB/s of one fio job on a 4 GiB file in ``directory`` (O_DIRECT), or None when fio is missing."""
+    if shutil.which("fio") is None:
+        return None
+    path = os.path.join(directory, "fio.dat")
+    engine = "libaio" if depth > 1 else "psync"
+    command = ["fio", "--name=disk", f"--filename={path}", "--size=4G", f"--rw={rw}", f"--bs={bs}", "--direct=1",
+               f"--ioengine={engine}", f"--iodepth={depth}", f"--runtime={seconds}", "--time_based",
+               "--output-format=json"]
+    try:
+        out = json.loads(subprocess.run(command, capture_output=True, text=True, check=True).stdout)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    job = out["jobs"][0]["read" if "read" in rw else "write"]
+    return job["bw_bytes"] / 1e6
+
+
+def dd_write(directory: str) -> float:
+    """MB/s of a 2 GiB sequential O_DIRECT write with dd (fio's stand-in)."""
+    path = os.path.join(directory, "dd.dat")
+    try:
+        done = subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=16M", "count=128", "oflag=direct"],
+                              capture_output=True, text=True, check=True)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    seconds = float(re.search(r"copied, ([\d.]+) s", done.stderr).group(1))
+    return 2 * GIB / seconds / 1e6
+
+
+def disk_limits(directory: str, seconds: int) -> Dict[str, Any]:
+    """The disk's random-read and sequential-write throughput, measured now."""
+    limits = {"tool": "fio" if shutil.which("fio") else "dd"}
+    limits["seq_write_MBps"] = fio(directory, "write", "1M", 1, seconds) or dd_write(directory)
+    limits["rand_read_4k_qd1_MBps"] = fio(directory, "randread", "4k", 1, seconds)
+    limits["rand_read_4k_qd32_MBps"] = fio(directory, "randread", "4k", 32, seconds)
+    return limits
+
+
+# -- the model and its traffic ---------------------------------------------------------------------------------------
+
+class Model(torch.nn.Module):
+    """One pooled embedding table and a linear head, trained with MSE."""
+
+    def __init__(self, rows: int, dim: int) -> None:
+        super().__init__()
+        table = torchrec.EmbeddingBagConfig(name="item", num_embeddings=rows, embedding_dim=dim,
+                                            feature_names=["item"])
+        self.ebc = torchrec.EmbeddingBagCollection(tables=[table], device=torch.device("meta"))
+        self.head = torch.nn.Linear(dim, 1)
+
+    def forward(self, features: KeyedJaggedTensor, target: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(self.head(self.ebc(features)["item"]).squeeze(1), target)
+
+
+class Traffic:
+    """Batches of Zipf(alpha) ranks over ``rows`` IDs (a continuous power-law inverse CDF), each rank mapped to a
+    row by a fixed multiplicative permutation (hot rows spread over the whole table). The same seed gives the same
+    rank sequence whatever ``rows``."""
+
+    MULTIPLIER = 2654435761  # odd and not a multiple of 5: a permutation of [0, rows) for rows = 2**a * 5**b
+
+    def __init__(self, rows: int, alpha: float, batch: int, pooling: int, seed: int) -> None:
+        self.rows, self.alpha, self.batch, self.pooling = rows, alpha, batch, pooling
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def ids(self, count: int) -> torch.Tensor:
+        u = torch.rand(count, dtype=torch.float64, generator=self.generator)
+        e = 1.0 - self.alpha
+        ranks = ((1.0 + u * ((self.rows + 1.0) ** e - 1.0)) ** (1.0 / e) - 1.0).floor().long().clamp_(0, self.rows - 1)
+        return self.row_of(ranks)
+
+    def row_of(self, ranks: torch.Tensor) -> torch.Tensor:
+        """The row of each Zipf rank (0 is the most frequent)."""
+        return ranks * self.MULTIPLIER % self.rows
+
+    def next(self) -> Tuple[KeyedJaggedTensor, torch.Tensor]:
+        values = self.ids(self.batch * self.pooling)
+        lengths = torch.full((self.batch,), self.pooling, dtype=torch.int32)
+        target = torch.rand(self.batch, generator=self.generator)
+        return KeyedJaggedTensor.from_lengths_sync(keys=["item"], values=values, lengths=lengths), target
+
+
+def build(rows: int, dim: int, cache_rows: int, host_gib: float, directory: Optional[str]) -> Tuple[Any, Any]:
+    """The model sharded by DMP (1 rank, table_wise, KEY_VALUE) and its dense optimizer."""
+    torch.manual_seed(0)
+    model = Model(rows, dim)
+    apply_optimizer_in_backward(RowWiseAdagrad, [model.ebc.embedding_bags["item"].weight], {"lr": 0.05})
+    constraints = {"item": ParameterConstraints(
+        sharding_types=["table_wise"], compute_kernels=["key_value"],
+        cache_params=CacheParams(load_factor=cache_rows / rows),
+        key_value_params=KeyValueParams(l2_cache_size=host_gib, ssd_storage_directory=directory))}
+    sharders = get_default_hybrid_sharders()
+    topology = Topology(world_size=1, compute_device="cpu", hbm_cap=1 << 50, ddr_cap=1 << 50)
+    plan = EmbeddingShardingPlanner(topology=topology, constraints=constraints).plan(model, sharders)
+    dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                   device=torch.device("cpu"), plan=plan, sharders=sharders)
+    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
+                                  lambda params: torch.optim.Adagrad(params, lr=0.05))
+    return dmp, dense
+
+
+def kernel_of(dmp: Any) -> KeyValueRows:
+    (kernel,) = [k for k in sharded_kernels(dmp) if isinstance(k, KeyValueRows)]
+    return kernel
+
+
+def initial_chunks(kernel: KeyValueRows, ids: torch.Tensor, chunk: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    """The rows of ``ids`` as the kernel initialises them on first use: initial weights, zero optimizer state."""
+    width = kernel.row_width(0)
+    for part in ids.split(chunk):
+        packed = torch.zeros(part.numel(), width)
+        packed[:, : kernel._local_cols[0]] = kernel.initial_rows(0, part)
+        yield part, packed
+
+
+def fill(kernel: KeyValueRows, traffic: "Traffic", chunk: int = 1 << 18) -> float:
+    """Create every row below the cache, as after a long run: the hottest IDs (by Zipf rank) in the host tier as
+    far as it holds them, the rest bulk-loaded into the disk tier. Returns seconds."""
+    start = time.perf_counter()
+    store, rows = kernel._stores[0], traffic.rows
+    hot = traffic.row_of(torch.arange(min(rows, store.max_rows)))
+    for ids, packed in initial_chunks(kernel, hot, chunk):
+        store.put(ids, packed)
+    if store.spill is not None and hot.numel() < rows:
+        cold = torch.ones(rows, dtype=torch.bool)
+        cold[hot] = False
+        store.spill.bulk_load(initial_chunks(kernel, cold.nonzero().squeeze(1), chunk))
+    return time.perf_counter() - start
+
+
+def step(dmp: Any, dense: Any, batch: Tuple[KeyedJaggedTensor, torch.Tensor]) -> None:
+    loss = dmp(*batch)
+    loss.backward()
+    dense.step()
+    dense.zero_grad()
+
+
+def process_io() -> Dict[str, int]:
+    fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+    return {"read_bytes": int(fields["read_bytes"]), "write_bytes": int(fields["write_bytes"])}
+
+
+def peak_rss() -> int:
+    match = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
+    return int(match.group(1)) * 1024
+
+
+def current_rss() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def reset_peak_rss() -> None:
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def counters(dmp: Any) -> Dict[str, int]:
+    stats = cache_metrics(dmp)["item"]
+    return {**stats, **process_io()}
+
+
+def train(name: str, dmp: Any, dense: Any, traffic: Traffic, warmup: int, steps: int) -> Dict[str, Any]:
+    """Warm up, then time ``steps`` steps; per-tier hit rates and I/O over the timed steps."""
+    for _ in range(warmup):
+        step(dmp, dense, traffic.next())
+    batches = [traffic.next() for _ in range(steps)]
+    before = counters(dmp)
+    start = time.perf_counter()
+    for batch in batches:
+        step(dmp, dense, batch)
+    seconds = time.perf_counter() - start
+    after = counters(dmp)
+    d = {k: after[k] - before[k] for k in after if isinstance(after[k], int)}
+    record_bytes = kernel_of(dmp)._stores[0].row_bytes + RECORD_OVERHEAD
+    swapped_in = max(1, d["swapped_in"])
+    out = {
+        "name": name, "steps": steps, "seconds": seconds, "steps_per_s": steps / seconds,
+        "ids_per_step": traffic.batch * traffic.pooling,
+        "cache_hit_rate": d["hits"] / max(1, d["lookups"]),
+        "swapped_in_per_step": d["swapped_in"] / steps, "initialised_per_step": d["initialised"] / steps,
+        "host_share_of_swapped_in": d["host_reads"] / swapped_in, "disk_share_of_swapped_in": d["disk_reads"] / swapped_in,
+        "disk_records_read_per_step": d["disk_records_read"] / steps,
+        "disk_records_written_per_step": d["disk_records_written"] / steps,
+        "disk_tier_MB_read_per_step": d["disk_records_read"] * record_bytes / steps / 1e6,
+        "disk_tier_MB_written_per_step": d["disk_records_written"] * record_bytes / steps / 1e6,
+        "device_MB_read_per_s": d["read_bytes"] / seconds / 1e6,
+        "device_MB_written_per_s": d["write_bytes"] / seconds / 1e6,
+        "device_MB_read_per_step": d["read_bytes"] / steps / 1e6,
+        "device_MB_written_per_step": d["write_bytes"] / steps / 1e6,
+        "tiers_at_end": {k: after[k] for k in ("cache_rows", "host_rows", "disk_rows", "host_bytes", "disk_bytes",
+                                                "disk_index_bytes", "budget_bytes")},
+    }
+    print(json.dumps(out), flush=True)
+    return out
+
+
+# -- checkpoints of a sub-table --------------------------------------------------------------------------------------
+
+def tree_bytes(path: str) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def checkpoints(args: argparse.Namespace, work: str) -> Dict[str, Any]:
+    """Full save, 10% of the rows changed by training, incremental save, of a sub-table mostly on disk."""
+    rows = args.ckpt_rows
+    dmp, dense = build(rows, args.dim, args.cache_rows, args.host_gib / 4, os.path.join(work, "ckpt-table"))
+    kernel = kernel_of(dmp)
+    fill(kernel, Traffic(rows, args.alpha, args.batch, args.pooling, seed=7))
+    path = os.path.join(work, "ckpt")
+    saver = Saver()
+    start = time.perf_counter()
+    saver.save(dmp, path)
+    full_s = time.perf_counter() - start
+    full_bytes = tree_bytes(path)
+    changed = torch.randperm(rows, generator=torch.Generator().manual_seed(1))[: rows // 10]
+    per_batch = min(args.cache_rows // 2, 65536)
+    for ids in changed.split(per_batch):
+        features = KeyedJaggedTensor.from_lengths_sync(keys=["item"], values=ids,
+                                                       lengths=torch.ones(ids.numel(), dtype=torch.int32))
+        step(dmp, dense, (features, torch.rand(ids.numel())))
+    start = time.perf_counter()
+    saver.save(dmp, path, incremental=True)
+    incremental_s = time.perf_counter() - start
+    incremental_bytes = tree_bytes(path) - full_bytes
+    kernel.close()
+    out = {"rows": rows, "table_GB": rows * (args.dim + 1) * 4 / 1e9, "full_bytes": full_bytes,
+           "full_s": full_s, "full_GBps": full_bytes / full_s / 1e9, "changed_rows": changed.numel(),
+           "incremental_bytes": incremental_bytes, "incremental_s": incremental_s,
+           "incremental_GBps": incremental_bytes / incremental_s / 1e9,
+           "incremental_share_of_full": incremental_bytes / full_bytes}
+    print(json.dumps(out), flush=True)
+    return out
+
+
+# -- the report -------------------------------------------------------------------------------------------------------
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def section(args: argparse.Namespace, r: Dict[str, Any]) -> str:
+    big, base, disk, ck = r["scale"], r["baseline"], r["disk"], r["checkpoint"]
+    ratio = big["steps_per_s"] / base["steps_per_s"]
+    seq = disk["seq_write_MBps"]
+    qd1 = disk.get("rand_read_4k_qd1_MBps")
+    lines = [
+        SECTION, "",
+        f"Run {r['date']} (`{r['command']}`), 1 rank, load average at start {r['load']}. Table `item`: "
+        f"{args.rows:,} rows x {args.dim} fp32 + row-wise Adagrad = {gb(r['table_bytes'])} of rows and optimizer "
+        f"state ({r['table_bytes'] / r['ram_bytes']:.2f}x this machine's {gb(r['ram_bytes'])} of RAM), "
+        f"{gb(r['disk_bytes'])} of segment files; Zipf({args.alpha}) IDs, {args.batch} samples x {args.pooling} IDs "
+        f"a step; device cache {args.cache_rows:,} rows, host tier {args.host_gib} GiB. Filled (bulk load, as after "
+        f"a restore) in {r['fill_s']:.0f} s.",
+        "",
+        "| model | steps/s | vs host-memory table | cache hit rate | swapped in / step (host / disk share) | "
+        "disk records read / written per step | device MB read / written per step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m, vs in ((base, "1.00 (baseline)"), (big, f"{ratio:.2f} (target >= {TARGET}: "
+                                               f"{'met' if ratio >= TARGET else 'NOT met'})")):
+        lines.append(
+            f"| {m['name']} | {m['steps_per_s']:.2f} | {vs} | {m['cache_hit_rate']:.3f} | "
+            f"{m['swapped_in_per_step']:.0f} ({m['host_share_of_swapped_in']:.2f} / {m['disk_share_of_swapped_in']:.2f})"
+            f" | {m['disk_records_read_per_step']:.0f} / {m['disk_records_written_per_step']:.0f} | "
+            f"{m['device_MB_read_per_step']:.1f} / {m['device_MB_written_per_step']:.1f} |")
+    lines += [
+        "",
+        f"Disk ({disk['tool']}, measured in this run): sequential 1 MiB writes {seq:.0f} MB/s; random 4 KiB reads "
+        f"{qd1 or float('nan'):.0f} MB/s at queue depth 1, {disk.get('rand_read_4k_qd32_MBps') or float('nan'):.0f} "
+        f"MB/s at 32. The disk tier reached {big['device_MB_read_per_s']:.1f} MB/s of device reads "
+        f"({big['device_MB_read_per_s'] / qd1 if qd1 else float('nan'):.2f} of the QD1 random-read limit) and "
+        f"{big['device_MB_written_per_s']:.1f} MB/s of writes ({big['device_MB_written_per_s'] / seq:.2f} of the "
+        f"sequential limit).",
+        "",
+        f"Peak RSS while training {gb(r['peak_rss'])} against the promise {gb(r['promise'])}: RSS before the model "
+        f"{gb(r['rss_before'])} + device cache {gb(r['cache_bytes'])} + host budget {gb(r['host_budget'])} + disk "
+        f"index {gb(r['disk_index_bytes'])} ({r['disk_index_bytes'] / max(1, big['tiers_at_end']['disk_rows']):.1f} "
+        f"B a disk key) + {CONSTANT_BYTES >> 20} MiB ({'kept' if r['peak_rss'] <= r['promise'] else 'NOT kept'}); "
+        f"peak while filling (the bulk load holds 16 B a row besides the index) {gb(r['peak_rss_fill'])}.",
+        "",
+        f"Checkpoints (`Saver`) of a sub-table of {ck['rows']:,} rows ({ck['table_GB']:.1f} GB, mostly on disk; the "
+        f"full table and its checkpoint do not fit the free disk together): full save {gb(ck['full_bytes'])} in "
+        f"{ck['full_s']:.0f} s = {ck['full_GBps']:.2f} GB/s ({ck['full_GBps'] * 1e3 / seq:.2f} of the disk's "
+        f"sequential writes); after training changed {ck['changed_rows']:,} rows (10%), the incremental save wrote "
+        f"{gb(ck['incremental_bytes'])} ({ck['incremental_share_of_full']:.2f} of the full save) in "
+        f"{ck['incremental_s']:.1f} s = {ck['incremental_GBps']:.2f} GB/s.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_report(text: str, path: Path) -> None:
+    """Replace this benchmark's section of the report (or append it), keeping every other section."""
+    old = path.read_text() if path.exists() else ""
+    start = old.find(SECTION)
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        following = old.find("\n## ", start + len(SECTION))
+        new = old[:start] + text + ("\n" + old[following + 1 :] if following >= 0 else "")
+    path.write_text(new)
+
+
+# -- main -------------------------------------------------------------------------------------------------------------
+
+def needed_disk(args: argparse.Namespace) -> int:
+    record = (args.dim + 1) * 4 + RECORD_OVERHEAD
+    table = args.rows * record * 1.005  # the segments and the garbage training leaves (fio's file is gone by then)
+    ckpt = args.ckpt_rows * record * 2.3  # the sub-table, its full save and an increment
+    return int(max(table, ckpt, 4 * GIB) + GIB + args.reserve_gib * GIB)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=200_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--baseline-rows", type=int, default=4_000_000)
+    parser.add_argument("--ckpt-rows", type=int, default=16_000_000)
+    parser.add_argument("--cache-rows", type=int, default=262_144)
+    parser.add_argument("--host-gib", type=float, default=2.0)
+    parser.add_argument("--alpha", type=float, default=1.05)
+    parser.add_argument("--batch", type=int, default=2048)
+    parser.add_argument("--pooling", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--fio-seconds", type=int, default=15)
+    parser.add_argument("--dir", default="/work/scale-bench")
+    parser.add_argument("--reserve-gib", type=float, default=15.0, help="free disk to leave to others")
+    parser.add_argument("--report", type=Path, default=REPORT)
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw numbers here")
+    args = parser.parse_args()
+
+    os.makedirs(args.dir, exist_ok=True)
+    work = os.path.join(args.dir, f"run-{os.getpid()}")
+    free = shutil.disk_usage(args.dir).free
+    need = needed_disk(args)
+    if free < need:
+        sys.exit(f"bench_scale: refusing to start: {args.dir} has {gb(free)} free, the run needs {gb(need)} "
+                 f"(table segments or checkpoints, and --reserve-gib for others); free space or pass smaller --rows/--ckpt-rows")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_scale: terminated"))  # finally-blocks clean up
+    os.makedirs(work)
+    try:
+        run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.rmdir(args.dir)
+        print(f"bench_scale: removed {work}", flush=True)
+
+
+def run(args: argparse.Namespace, work: str) -> None:
+    torch.set_num_threads(1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")
+    r: Dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                         "command": "scripts/run-scale-benchmark " + " ".join(sys.argv[1:]),
+                         "load": os.getloadavg()[0],
+                         "ram_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+                         "table_bytes": args.rows * (args.dim + 1) * 4}
+    r["disk"] = disk_limits(work, args.fio_seconds)
+    print(json.dumps(r["disk"]), flush=True)
+
+    dmp, dense = build(args.baseline_rows, args.dim, args.cache_rows, 64.0, None)
+    traffic = Traffic(args.baseline_rows, args.alpha, args.batch, args.pooling, seed=7)
+    fill(kernel_of(dmp), traffic)
+    r["baseline"] = train(f"{args.baseline_rows:,} rows in host memory", dmp, dense, traffic, args.warmup, args.steps)
+    kernel_of(dmp).close()
+    del dmp, dense
+
+    r["rss_before"] = current_rss()
+    reset_peak_rss()
+    dmp, dense = build(args.rows, args.dim, args.cache_rows, args.host_gib, os.path.join(work, "table"))
+    kernel = kernel_of(dmp)
+    traffic = Traffic(args.rows, args.alpha, args.batch, args.pooling, seed=7)
+    r["fill_s"] = fill(kernel, traffic)
+    r["peak_rss_fill"] = peak_rss()
+    r["disk_bytes"] = kernel._stores[0].stats()["disk_bytes"]
+    reset_peak_rss()
+    r["scale"] = train(f"{args.rows:,} rows, disk tier", dmp, dense, traffic, args.warmup, args.steps)
+    r["peak_rss"] = peak_rss()
+    stats = kernel._stores[0].stats()
+    r["cache_bytes"] = cache_metrics(dmp)["item"]["cache_bytes"]
+    r["host_budget"] = stats["budget_bytes"]
+    r["disk_index_bytes"] = stats["disk_index_bytes"]
+    r["promise"] = r["rss_before"] + r["cache_bytes"] + r["host_budget"] + r["disk_index_bytes"] + CONSTANT_BYTES
+    kernel.close()
+    del dmp, dense, kernel
+
+    r["checkpoint"] = checkpoints(args, work)
+    if args.json:
+        args.json.write_text(json.dumps(r, indent=1))
+    write_report(section(args, r), args.report)
+    print(section(args, r), flush=True)
+
+
+if __name__ == "__main__":
+    main()
