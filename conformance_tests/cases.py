@@ -147,13 +147,14 @@ def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
 
     The script picks the kernel: dense for data_parallel replicas, FUSED otherwise. The full run adds sequence
     tables sharded with ``use_index_dedup``, and stock ``state_dict()`` round trips through
-    torch.distributed.checkpoint (same plan per sharding type). ``quick``: one pooled row-wise case.
+    torch.distributed.checkpoint (same plan per sharding type). ``quick``: one pooled row-wise case and one
+    row-wise sequence case with index dedup.
     """
     cases = _grid(profile, world_size, HASH_SHARDING_TYPES, lambda *_: {})
-    if quick:
-        return _quick(cases, ("ebc-row_wise-rowwise_adagrad",))
     runnable = [c for c in cases if not c.skip and c.params["optimizer"] == "rowwise_adagrad"]
     dedup = [Case({**c.params, "dedup": "index_dedup"}, c.expect) for c in runnable if c.params["kind"] == "ec"]
+    if quick:
+        return _quick(cases, ("ebc-row_wise-rowwise_adagrad",)) + _quick(dedup, ("ec-row_wise-rowwise_adagrad-index_dedup",))
     state_dict = [Case({**c.params, "state_dict": c.params["sharding_type"]}) for c in runnable
                   if c.params["kind"] == "ebc"]
     return cases + dedup + state_dict

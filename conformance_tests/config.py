@@ -164,7 +164,11 @@ class SuiteConfig:
                 on another device than :attr:`device` (a script that does not read ``DEVICE_ENV`` yet).
         """
         runnable = [c for c in cases if not c.skip]
-        env = script_env(self.profile.device_type, self.profile.collective_backend, self.emulate)
+        from torchrec_ascend import backends
+
+        # The ranks select the backend under test (automatic selection would not pick the emulated npu).
+        env = {**script_env(self.profile.device_type, self.profile.collective_backend, self.emulate),
+               backends.DEVICE_ENV: self.profile.name}
         run = run_distributed(script, world_size or self.world_size, [c.params for c in runnable], env, timeout)
         if ran_on(run) != self.device:
             raise LaunchError(

@@ -14,7 +14,8 @@ them). Three models train on the same batches:
 
 The sharded model and its batches live on the suite's device (``launch.script_device()``); the oracles stay on
 the CPU. Reported per case: the largest forward difference to each oracle over all steps, the largest difference of
-every ID's final row (gathered from all shards) to each oracle, and where the sharded model's tensors lived.
+every ID's final row (gathered from all shards) to each oracle, where the sharded model's tensors lived, and on the
+emulated NPU the copies and syncs of its per-batch parts (``runner.count_transfers``).
 
 A case with ``"state_dict": <sharding type>`` instead checks the stock checkpoint path: train, save
 ``state_dict()`` and the fused optimizer's with torch.distributed.checkpoint, load them into the model sharded the
@@ -42,7 +43,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.conformance_tests.plugin.runner import main, residency
+from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import ColumnShardRowWiseAdagrad
 from torchrec_ascend.kernels import reference
@@ -303,7 +304,7 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     scale = 1.0 / world  # TorchRec averages embedding gradients over ranks
 
     err_unsharded = err_python = 0.0
-    device = script_device()
+    device, transfers = script_device(), count_transfers(dmp)
     for step in range(STEPS):
         batches = rank_batches(step, world, dedup)
         ref_blocks = rows_of(kind, unsharded(concat(batches)), concat(batches))
@@ -335,6 +336,7 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
         "expected_ids": len(seen),
         "index_dedup": any(getattr(m, "_use_index_dedup", False) for m in dmp.modules()),
         "residency": residency(parameters=dmp, optimizer=[dmp.fused_optimizer, dense], inputs=local, outputs=mine),
+        "transfers": transfers,
     }
 
 

@@ -26,7 +26,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.conformance_tests.plugin.runner import main, residency
+from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, max_row_diff, rows_of, sharded_rows
 from torchrec_ascend.kernels.key_value import cache_metrics
 
@@ -172,6 +172,7 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
         fused = build(case, key_value=False, pg=pg, directory=directory)
         cached = build(case, key_value=True, pg=pg, directory=directory)
         fwd_err, device = 0.0, script_device()
+        transfers = count_transfers(fused, cached)
         for step in range(case["steps"]):
             batch = make_batch(step, rank).to(device)
             outs = []
@@ -187,7 +188,7 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
         totals = {k: sum(m[k] for m in metrics.values()) for k in ("evicted", "swapped_out", "swapped_in", "disk_rows")}
         del fused, cached
         gc.collect()
-    return {"fwd_err": fwd_err, "row_err": row_err, "residency": where, **totals}
+    return {"fwd_err": fwd_err, "row_err": row_err, "residency": where, "transfers": transfers, **totals}
 
 
 if __name__ == "__main__":

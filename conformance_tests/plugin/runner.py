@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import json
+import sys
 import traceback
 from typing import Any, Callable, Dict, List, NoReturn, Sequence, Set, Tuple
 
@@ -73,9 +75,67 @@ def residency(**parts: Any) -> Dict[str, List[str]]:
     return {name: sorted(devices_of(obj)) for name, obj in parts.items()}
 
 
+def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
+    """Count, on the emulated NPU, the host<->device copies and host syncs of the ``models``' per-batch parts, by
+    kernel.
+
+    Wraps the forward of every hash kernel (``fused_hash``, ``key_value``: ID mapping, new rows, the lookup) and of
+    every hash row-wise input dist (``row_wise_input_dist``), and the index dedup (``index_dedup``), of this process.
+    Each training call adds its copies and syncs and one ``steps``. Returns the live totals (kernel -> ``steps``,
+    ``h2d``, ``d2h``, ``syncs``): put them under the case's ``transfers`` key. Without the emulator: ``{}``, nothing
+    wrapped. Use it where one thread trains (a pipeline's host threads would add their copies to the lookup's).
+
+    Example::
+
+        transfers = count_transfers(dmp)
+        ...train...
+        return {..., "transfers": transfers}
+    """
+    emulator = sys.modules.get("torchrec_ascend.testing.emulated_npu")
+    if emulator is None or not emulator.is_installed():
+        return {}
+    from torchrec_ascend.kernels.fused import HashRows
+    from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
+    from torchrec_ascend.kernels.walk import sharded_kernels
+    from torchrec_ascend.sharders import index_dedup
+    from torchrec_ascend.sharders.hash_row_wise import HashRwSparseFeaturesDist
+
+    totals = _COUNTING["totals"] = {}
+
+    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if not torch.is_grad_enabled():
+                return fn(*args, **kwargs)
+            before = emulator.counters()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = emulator.counters() - before
+                row = _COUNTING["totals"].setdefault(name, dict.fromkeys(TRANSFER_KEYS, 0))
+                row["steps"] += 1
+                for key in TRANSFER_KEYS[1:]:
+                    row[key] += getattr(spent, key)
+        return call
+
+    for kernel in (k for model in models for k in sharded_kernels(model)):
+        if isinstance(kernel, HashRows):
+            kernel.forward = counted("key_value" if isinstance(kernel, KeyValueRows) else "fused_hash", kernel.forward)
+    for module in (m for model in models for m in model.modules()):
+        for input_dist in getattr(module, "_input_dists", None) or []:
+            if isinstance(input_dist, HashRwSparseFeaturesDist):
+                input_dist.forward = counted("row_wise_input_dist", input_dist.forward)
+    if not isinstance(index_dedup.dedup_per_table, functools.partial):  # the process's dedup, wrapped once
+        index_dedup.dedup_per_table = functools.partial(counted("index_dedup", index_dedup.dedup_per_table))
+    return totals
+
+
+TRANSFER_KEYS = ("steps", "h2d", "d2h", "syncs")
+_COUNTING: Dict[str, Dict[str, Dict[str, int]]] = {"totals": {}}  # where the wrappers count: the latest case's
+
+
 def merge(gathered: List[Dict[str, Any]], worst: Sequence[str], totals: Sequence[str]) -> Dict[str, Any]:
     """One result from every rank's: errors joined, ``worst`` keys maxed, ``totals`` summed, ``residency`` joined,
-    the rest rank 0's (a ``worst`` key no rank reports stays absent)."""
+    ``transfers`` summed per kernel, the rest rank 0's (a ``worst`` key no rank reports stays absent)."""
     merged = dict(gathered[0])
     merged["error"] = "; ".join(sorted({g["error"] for g in gathered if g["error"]}))
     merged["traceback"] = next((g.get("traceback", "") for g in gathered if g["error"]), "")
@@ -85,6 +145,10 @@ def merge(gathered: List[Dict[str, Any]], worst: Sequence[str], totals: Sequence
             merged[key] = max(values)
     for key in totals:
         merged[key] = sum(g.get(key) or 0 for g in gathered)
+    counts = [g["transfers"] for g in gathered if g.get("transfers")]
+    if counts:  # summed over ranks, per kernel
+        merged["transfers"] = {kernel: {key: sum(c.get(kernel, {}).get(key, 0) for c in counts) for key in TRANSFER_KEYS}
+                               for kernel in sorted(set().union(*counts))}
     where = [g["residency"] for g in gathered if g.get("residency")]
     if where:
         merged["residency"] = {part: sorted(set().union(*(w.get(part, ()) for w in where))) for part in where[0]}

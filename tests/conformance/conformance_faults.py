@@ -9,12 +9,29 @@ plugin manager imports it in every process of that run (before TorchRec's first 
   the wrong rank (and row).
 * ``drop_update``: the second training forward of every fused TBE is cut off from autograd, so that step's fused
   optimizer update never happens.
+
+Faults in torchrec-ascend's own parts:
+
+* ``hash_bucketizer``: every other batch, the row-wise input dist buckets IDs by the hash of ``ID + 1``, so an ID
+  reaches different ranks on different steps (and gets a row on each).
+* ``eviction_ids``: the slot table reports evicted rows with their IDs rotated by one, so KEY_VALUE writes each
+  evicted row back under another ID.
+* ``kv_optimizer_state``: KEY_VALUE writes evicted rows back without their optimizer state (zeroed), so a row
+  swapped back in restarts its optimizer.
+* ``saver_row``: the Saver's export of a shard's cached rows leaves out the last one.
+* ``dedup_reverse``: index dedup's reverse indices point one distinct ID further (wrapping), so embeddings come
+  back for the wrong IDs.
+* ``transfer_dropped``: the hash kernels hand the TBE the batch's rows on the host, not on the kernel's device
+  (the host-to-device copy is dropped): harmless on the CPU, an error on any other device.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
-from typing import Any
+import sys
+from typing import Any, Callable
 
 import torch
 
@@ -48,5 +65,121 @@ def _drop_update() -> None:
     SplitTableBatchedEmbeddingBagsCodegen.forward = forward
 
 
-FAULTS = {"bucketize_off_by_one": _bucketize_off_by_one, "drop_update": _drop_update}
+def _after_import(name: str, patch: Callable[[], None]) -> Callable[[], None]:
+    """A fault that patches module ``name`` once it is imported (plugins load while TorchRec is half imported)."""
+
+    class Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+            if fullname != name:
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(fullname)
+            run = spec.loader.exec_module
+
+            def exec_module(module: Any) -> None:
+                run(module)
+                patch()
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    def install() -> None:
+        if name in sys.modules:
+            patch()
+        else:
+            sys.meta_path.insert(0, Finder())
+
+    return install
+
+
+def _hash_bucketizer() -> None:
+    from torchrec_ascend.kernels import ops
+
+    original, calls = ops.hash_bucketize, [0]
+
+    def shifted(lengths: Any, values: Any, weights: Any, world_size: int) -> Any:
+        calls[0] += 1
+        if calls[0] % 2:
+            return original(lengths, values, weights, world_size)
+        out_lengths, bucketed, out_weights, permute = original(lengths, values + 1, weights, world_size)
+        return out_lengths, bucketed - 1, out_weights, permute
+
+    ops.hash_bucketize = shifted
+
+
+def _eviction_ids_patch() -> None:
+    from torchrec_ascend.hash.slot_table import SlotTable
+
+    original = SlotTable.assign
+
+    def assign(self: Any, ids: Any, training: bool, known: Any = None, signals: Any = None, on_evict: Any = None) -> Any:
+        rotated = None if on_evict is None else (lambda slots, evicted: on_evict(slots, evicted.roll(1)))
+        return original(self, ids, training, known=known, signals=signals, on_evict=rotated)
+
+    SlotTable.assign = assign
+
+
+def _kv_optimizer_state_patch() -> None:
+    from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
+
+    def _rows_left(self: Any, t: int, slots: Any, ids: Any) -> None:
+        rows = self.pack_rows(t, slots)
+        rows[:, self._local_cols[t]:] = 0.0
+        self._stores[t].put(ids, rows)
+        self._swaps[t]["swapped_out"] += ids.numel()
+
+    KeyValueRows._rows_left = _rows_left
+
+
+def _saver_row_patch() -> None:
+    import itertools
+
+    from torchrec_ascend.kernels.fused import HashRows, ShardRows
+
+    original = HashRows.export_shard
+
+    def export_shard(self: Any, t: int, changed_only: bool = False) -> Any:
+        blocks, removed = original(self, t, changed_only)
+        pool = next(blocks)
+        cut = ShardRows(pool.ids[:-1], pool.slots[:-1], pool.last_used[:-1], pool.rows[:-1])
+        return itertools.chain([cut], blocks), removed
+
+    HashRows.export_shard = export_shard
+
+
+def _dedup_reverse_patch() -> None:
+    from torchrec_ascend.sharders import index_dedup
+
+    original = index_dedup.dedup_per_table
+
+    def dedup_per_table(features: Any, groups: Any, accumulate_weights: bool = False) -> Any:
+        deduped, reverse = original(features, groups, accumulate_weights)
+        n = deduped.values().numel()
+        return deduped, (reverse + 1) % max(n, 1)
+
+    index_dedup.dedup_per_table = dedup_per_table
+
+
+def _transfer_dropped_patch() -> None:
+    from torchrec_ascend.kernels.fused import HashRows
+
+    original = HashRows._map_on_host
+
+    def _map_on_host(self: Any, on_host: Any, device: Any) -> Any:
+        rows, mapped = original(self, on_host, device)
+        return mapped.values(), mapped  # the rows stay on the host
+
+    HashRows._map_on_host = _map_on_host
+
+
+FAULTS = {
+    "bucketize_off_by_one": _bucketize_off_by_one,
+    "drop_update": _drop_update,
+    "hash_bucketizer": _hash_bucketizer,
+    "eviction_ids": _after_import("torchrec_ascend.hash.slot_table", _eviction_ids_patch),
+    "kv_optimizer_state": _after_import("torchrec_ascend.kernels.key_value.kernel", _kv_optimizer_state_patch),
+    "saver_row": _after_import("torchrec_ascend.kernels.fused", _saver_row_patch),
+    "dedup_reverse": _after_import("torchrec_ascend.sharders.index_dedup", _dedup_reverse_patch),
+    "transfer_dropped": _after_import("torchrec_ascend.kernels.fused", _transfer_dropped_patch),
+}
 FAULTS[os.environ[FAULT_ENV]]()

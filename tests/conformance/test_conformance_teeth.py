@@ -1,9 +1,11 @@
 """The conformance suite fails when a kernel or a policy is broken, and passes when nothing is.
 
 Broken kernels: ``conformance_faults.py`` is installed as a throwaway plugin distribution (on ``PYTHONPATH``, for
-one ``torchrec-ascend conformance --quick --only sharding`` run in a subprocess) and breaks row-wise bucketization
-or drops one fused optimizer update. The same command without the fault is the control: it must pass, so the
-failures come from the fault. Broken policy: ``broken_policy_plugin.py`` is registered in-process and checked with
+one ``torchrec-ascend conformance --quick --only CHECK`` run in a subprocess) and breaks stock fbgemm (row-wise
+bucketization, one fused optimizer update) or torchrec-ascend's own parts (the hash bucketizer, the slot table's
+eviction, the KEY_VALUE swap of optimizer state, the Saver, the dedup reverse index, and on the emulated NPU a
+dropped host-to-device copy). The same command without the fault is the control: it must pass, so the failures
+come from the fault; each fault must fail the cases that exercise the broken part, the check named. Broken policy: ``broken_policy_plugin.py`` is registered in-process and checked with
 ``--policy`` next to a healthy one. Oracle: exit status and the JUnit report, case by case.
 """
 
@@ -65,6 +67,42 @@ def run_cli(args: List[str], tmp_path: Path, env: Dict[str, str]) -> Tuple[int, 
     output = proc.stdout + proc.stderr
     assert junit.exists(), f"no JUnit report written:\n{output}"
     return proc.returncode, output, junit_outcomes(junit)
+
+
+#: fault -> (check run quick, the cases it must fail, a phrase of the failure). Every other case must pass.
+OWN_FAULTS = {
+    "hash_bucketizer": ("hash_tables", {"test_case[ebc-row_wise-rowwise_adagrad]",
+                                        "test_case[ec-row_wise-rowwise_adagrad-index_dedup]"}, "oracle"),
+    "dedup_reverse": ("hash_tables", {"test_case[ec-row_wise-rowwise_adagrad-index_dedup]"}, "oracle"),
+    "eviction_ids": ("key_value", {"test_case[ebc-row_wise-adagrad-12-64-8]"}, "not bit for bit"),
+    "kv_optimizer_state": ("key_value", {"test_case[ebc-row_wise-adagrad-12-64-8]"}, "not bit for bit"),
+    "saver_row": ("checkpoint", {
+        "test_case[round_trip-ebc-row_wise-fused-rowwise_adagrad-evict-row_wise-fused-2]",
+        "test_case[round_trip-ebc-column_wise-fused-adagrad-default-table_wise-key_value-1]"}, "rows"),
+}
+
+
+@pytest.fixture(scope="module")
+def controls(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Dict[str, str]]:
+    """Each quick check run once without a fault: check -> its JUnit outcomes (all must pass)."""
+    out = {}
+    for check in sorted({check for check, _, _ in OWN_FAULTS.values()}):
+        status, output, outcomes = run_cli(["conformance", "--quick", "--only", check],
+                                           tmp_path_factory.mktemp(check), {})
+        assert status == 0 and set(outcomes.values()) == {"passed"}, output
+        out[check] = outcomes
+    return out
+
+
+@pytest.mark.parametrize("fault", sorted(OWN_FAULTS))
+def test_a_broken_part_of_ours_fails_its_check(fault: str, controls: Dict[str, Dict[str, str]], fault_site: Path,
+                                                tmp_path: Path) -> None:
+    check, failing, phrase = OWN_FAULTS[fault]
+    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": fault}
+    status, output, outcomes = run_cli(["conformance", "--quick", "--only", check], tmp_path, env)
+    assert status == 1, output
+    assert outcomes == {case: "failed" if case in failing else "passed" for case in controls[check]}, output
+    assert phrase in output and f"test_{check}.py" in output, output
 
 
 def test_passes_without_a_fault(tmp_path: Path) -> None:
