@@ -187,20 +187,8 @@ def fbgemm() -> Dict[str, Any]:
 
 
 def collectives() -> Dict[str, Any]:
-    """Two ranks (forked) over the emulator's hccl-role backend; each rank's facts come back through a pipe."""
-    import multiprocessing as mp
-    import tempfile
-
-    store_file = os.path.join(tempfile.mkdtemp(), "store")
-    context = mp.get_context("fork")
-    queue = context.SimpleQueue()
-    ranks = [context.Process(target=_rank, args=(r, store_file, queue)) for r in range(2)]
-    for p in ranks:
-        p.start()
-    results = dict(queue.get() for _ in ranks)
-    for p in ranks:
-        p.join(60)
-    return {"ranks": results, "exit": [p.exitcode for p in ranks]}
+    """Two ranks (forked) over the emulator's hccl-role backend; each rank's facts come back through a queue."""
+    return _two_ranks(_rank)
 
 
 def _rank(rank: int, store_file: str, queue: Any) -> None:
@@ -322,7 +310,87 @@ def ebc() -> Dict[str, Any]:
     }
 
 
+def sharded() -> Dict[str, Any]:
+    """Stock DistributedModelParallel on 2 ranks of the emulated npu vs the same model on the CPU (same seed)."""
+    return _two_ranks(_sharded_rank)
+
+
+def _two_ranks(target: Callable[..., None]) -> Dict[str, Any]:
+    import multiprocessing as mp
+    import tempfile
+
+    store_file = os.path.join(tempfile.mkdtemp(), "store")
+    context = mp.get_context("fork")
+    queue = context.SimpleQueue()
+    ranks = [context.Process(target=target, args=(r, store_file, queue)) for r in range(2)]
+    for p in ranks:
+        p.start()
+    results = dict(queue.get() for _ in ranks)
+    for p in ranks:
+        p.join(60)
+    return {"ranks": results, "exit": [p.exitcode for p in ranks]}
+
+
+def _sharded_rank(rank: int, store_file: str, queue: Any) -> None:
+    import torch.distributed as dist
+
+    emulated_npu.install()
+    from torchrec_ascend.backends.npu import NPU
+    from torchrec_ascend.hooks.sparse_ops import register_host_fallbacks
+
+    register_host_fallbacks(NPU)  # what activating the npu backend does: block_bucketize is withheld
+    torch.npu.set_device(rank)
+    dist.init_process_group("cpu:gloo,npu:hccl", store=dist.FileStore(store_file, 2), rank=rank, world_size=2)
+    import torchrec
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    tables = [
+        torchrec.EmbeddingBagConfig(name="t1", embedding_dim=8, num_embeddings=40, feature_names=["f1"]),
+        torchrec.EmbeddingBagConfig(name="t2", embedding_dim=8, num_embeddings=30, feature_names=["f2"]),
+    ]
+
+    def batch(device: torch.device) -> KeyedJaggedTensor:
+        return KeyedJaggedTensor.from_lengths_sync(
+            keys=["f1", "f2"], values=torch.tensor([1, 2, 3, 4, 25, 0]) + rank, lengths=torch.tensor([2, 1, 2, 1])
+        ).to(device)
+
+    def train(sharding: str, device: torch.device) -> Dict[str, Any]:
+        torch.manual_seed(0)
+        ebc = torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+        planner = EmbeddingShardingPlanner(
+            topology=Topology(world_size=2, compute_device=device.type),
+            constraints={t.name: ParameterConstraints(sharding_types=[sharding]) for t in tables})
+        plan = planner.collective_plan(ebc, None, dist.GroupMember.WORLD)
+        model = DistributedModelParallel(ebc, device=device, plan=plan)
+        with emulated_npu.measure() as step:
+            first = model(batch(device)).wait().values()
+            first.sum().backward()  # the fused optimizer updates the rows
+        second = model(batch(device)).wait().values()
+        return {"first": first.detach().cpu(), "second": second.detach().cpu(), "counts": step.counts,
+                "devices": sorted({str(p.device) for p in model.parameters() if p.numel() > 0} | {str(first.device)}),
+                "placements": sorted({str(s.placement) for t in plan.plan[""].values()
+                                      for s in t.sharding_spec.shards})}
+
+    facts: Dict[str, Any] = {}
+    for sharding in ("table_wise", "row_wise"):
+        cpu, npu = train(sharding, torch.device("cpu")), train(sharding, torch.device("npu", rank))
+        facts[sharding] = {
+            "first_equal": torch.equal(cpu["first"], npu["first"]),
+            "second_equal": torch.equal(cpu["second"], npu["second"]),
+            "trained": not torch.equal(npu["first"], npu["second"]),
+            "devices": npu["devices"],
+            "placements": npu["placements"],
+            "counts": dataclasses.asdict(npu["counts"]),
+        }
+    dist.destroy_process_group()
+    queue.put((rank, facts))
+    os._exit(0)
+
+
 PROGRAMS: Dict[str, Callable[[], Dict[str, Any]]] = {
+    "sharded": sharded,
     "device": device,
     "fbgemm": fbgemm,
     "collectives": collectives,

@@ -26,7 +26,7 @@ def _program(name: str) -> Dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def children() -> Dict[str, "Future[Dict[str, Any]]"]:
-    return start_all({name: _program(name) for name in ("collectives", "device", "fbgemm", "tbe", "ebc")})
+    return start_all({name: _program(name) for name in ("collectives", "sharded", "device", "fbgemm", "tbe", "ebc")})
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +169,17 @@ def test_stock_embedding_bag_collection_on_npu(children: Dict[str, "Future[Dict[
     assert facts["grads"] == {"embedding_bags.t1.weight": ["npu:0", True], "embedding_bags.t2.weight": ["npu:0", True]}
     assert facts["upload"] == counts(h2d=2, h2d_bytes=80)  # values and lengths
     assert facts["step"] == ZERO  # forward and backward on the device move nothing and never wait
+
+
+@pytest.mark.parametrize("sharding", ["table_wise", "row_wise"])
+def test_stock_dmp_on_two_emulated_npus_equals_the_cpu_run(
+    children: Dict[str, "Future[Dict[str, Any]]"], sharding: str
+) -> None:
+    facts = children["sharded"].result()
+    assert facts["exit"] == [0, 0]
+    for rank in (0, 1):
+        r = facts["ranks"][str(rank)][sharding]
+        assert r["first_equal"] is True and r["second_equal"] is True  # forward, fused update, forward again
+        assert r["trained"] is True
+        assert r["devices"] == [f"npu:{rank}"]  # every non-empty parameter and the output
+        assert r["placements"] == ["rank:0/npu:0", "rank:1/npu:1"]
