@@ -26,6 +26,7 @@ from typing import List, Optional, Union
 import torch
 from torchrec.modules.embedding_configs import pooling_type_to_str
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import HashEmbeddingBagConfig, HashEmbeddingConfig, is_hash_config
@@ -47,8 +48,30 @@ class _HashRowsModule(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.empty(config.num_embeddings, config.embedding_dim, device=device))
         self.slots = SlotTable(config.name, self.spec, config.num_embeddings, self.spec.overflow)
 
+    def assign_batch(self, per_feature: List[torch.Tensor]) -> None:
+        """Choose the rows of every feature of this table for one batch at once (one step of the table's policies,
+        as the sharded kernels do); the stock collection's per-feature calls then read them (see :meth:`rows_for`).
+
+        Example::
+
+            lookup.assign_batch([kjt["f"].values(), kjt["g"].values()])   # f and g share the table
+        """
+        slots = self._assign(torch.cat(per_feature) if per_feature else torch.empty(0, dtype=torch.int64))
+        self._batch_rows = [
+            ((ids.data_ptr(), ids.numel()), part)
+            for ids, part in zip(per_feature, torch.split(slots, [ids.numel() for ids in per_feature]))
+        ]
+
     def rows_for(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of ``ids``, inserting new IDs in training (their rows initialised from (seed, ID, column))."""
+        """Rows of ``ids``, inserting new IDs in training (their rows initialised from (seed, ID, column)); the rows
+        :meth:`assign_batch` chose for them if it ran for this batch."""
+        pending = getattr(self, "_batch_rows", None)
+        if pending and pending[0][0] == (ids.data_ptr(), ids.numel()):
+            return pending.pop(0)[1]
+        self._batch_rows = []
+        return self._assign(ids)
+
+    def _assign(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.numel() and int(ids.min()) < 0:
             raise ValueError(
                 f"hash table {self.table!r}, feature {' or '.join(map(repr, self.features))}: IDs must be "
@@ -103,10 +126,24 @@ def install_hash_modules(collection: torch.nn.Module, configs: List[object], att
     """Replace the stock lookups of hash configs in a collection (called after the stock ``__init__``)."""
     lookups = getattr(collection, attribute)
     device = getattr(collection, "_device", None)
+    shared = []
     for config in configs:
         if is_hash_config(config):
             cls = HashEmbeddingBag if attribute == "embedding_bags" else HashEmbedding
             lookups[config.name] = cls(config, device=device)  # type: ignore[arg-type]
+            if len(lookups[config.name].features) > 1:
+                shared.append(config.name)
+    if shared:
+        # A step is a batch: a table read by several features maps all of their IDs in one call per batch.
+        collection.register_forward_pre_hook(lambda module, args: _assign_shared(getattr(module, attribute), shared,
+                                                                                 args[0]))
+
+
+def _assign_shared(lookups: torch.nn.ModuleDict, tables: List[str], features: KeyedJaggedTensor) -> None:
+    per_key = features.to_dict()
+    for name in tables:
+        lookup = lookups[name]
+        lookup.assign_batch([per_key[f].values() for f in lookup.features])
 
 
 def _require_hash(configs: List[object], cls: str) -> None:
