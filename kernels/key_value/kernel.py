@@ -50,6 +50,7 @@ from torchrec_ascend.kernels import ops
 from torchrec_ascend.kernels.fused import HashRows, ShardInfo, ShardRows
 from torchrec_ascend.kernels.key_value.disk_store import DiskStore
 from torchrec_ascend.kernels.key_value.host_store import HostStore
+from torchrec_ascend.kernels.key_value.key_index import reserve
 from torchrec_ascend.kernels.walk import sharded_kernels
 
 logger = logging.getLogger(__name__)
@@ -118,17 +119,11 @@ def _cache_config(config: GroupedEmbeddingConfig) -> GroupedEmbeddingConfig:
 
 
 def zeros_without_memory(rows: int, cols: int) -> torch.Tensor:
-    """A contiguous float32 ``[rows, cols]`` of zeros that costs no memory until written (a private map of a
-    sparse, already unlinked file: pages are materialised on touch only)."""
-    import tempfile
+    """A contiguous float32 ``[rows, cols]`` of zeros that costs no memory until written (reserved address space,
+    see :func:`reserve`: pages are materialised on touch only, and a table larger than RAM + swap still maps)."""
+    import numpy as np
 
-    fd, path = tempfile.mkstemp(prefix="torchrec_ascend_placeholder_")
-    try:
-        os.ftruncate(fd, max(1, rows * cols) * 4)
-        return torch.from_file(path, shared=False, size=rows * cols, dtype=torch.float32).view(rows, cols)
-    finally:
-        os.close(fd)
-        os.unlink(path)
+    return torch.from_numpy(reserve(np.float32, rows * cols)).view(rows, cols)
 
 
 class KeyValueRows(HashRows):
