@@ -148,8 +148,8 @@ class PluginManager:
                 items = impl.function() or []
             except Exception as err:
                 raise PluginError(
-                    f"plugin {name!r} ({info.distribution} {info.version}) raised in hook {hook_name}: "
-                    f"{type(err).__name__}: {err}"
+                    f"plugin {name!r} ({' '.join(filter(None, (info.distribution, info.version)))}) raised in hook "
+                    f"{hook_name}: {type(err).__name__}: {err}"
                 ) from err
             out.extend((item, info) for item in items)
         return out

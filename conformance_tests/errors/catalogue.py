@@ -338,6 +338,14 @@ CATALOGUE: List[BadInput] = [
              lambda _: _config(overflow="evcit")),
     BadInput("configs", "no_eviction_policy", '`eviction_policy=""`', ConfigError,
              "eviction_policy must name a policy", lambda _: _config(eviction_policy="")),
+    BadInput("configs", "cadence_option", '`eviction_cadence={"intervall": 10}`', ConfigError,
+             "eviction_cadence does not take ['intervall']; it takes interval, min_residency, headroom",
+             lambda _: _config(overflow="evict", eviction_cadence={"intervall": 10})),
+    BadInput("configs", "admission_options_alone", '`admission_options={"threshold": 2}` without `admission_policy`',
+             ConfigError, "are given without an admission_policy", lambda _: _config(admission_options={"threshold": 2})),
+    BadInput("configs", "init_range", "`weight_init_min=1.0, weight_init_max=0.0`", ConfigError,
+             "weight_init_min (1.0) must be below weight_init_max (0.0)",
+             lambda _: _config(weight_init_min=1.0, weight_init_max=0.0)),
     BadInput("configs", "pipeline_depth", "`HybridTrainPipelineSparseDist(..., pipe_n_batch=0)`", ConfigError,
              "pipe_n_batch=0 is invalid", _pipeline(pipe_n_batch=0)),
     BadInput("configs", "host_threads", "`HybridTrainPipelineSparseDist(..., host_threads=0)`", ConfigError,
@@ -366,8 +374,8 @@ CATALOGUE: List[BadInput] = [
              _bad_inputs_case(kind="small_cache", sharding_type="table_wise", cache_rows=4), group=True),
     BadInput("policies", "unknown_policy", '`eviction_policy="lruu"`', ConfigError, "did you mean 'lru'",
              _bad_inputs_case(kind="unknown_eviction_policy", sharding_type="unsharded"), group=True),
-    BadInput("policies", "unknown_option", '`eviction_options={"half_lfe": 5}` for `decayed`-style options',
-             ConfigError, "does not take option(s)", _policy("eviction", "lfu", half_lfe=5)),
+    BadInput("policies", "unknown_option", '`eviction_policy="lfu", eviction_options={"histroy": 5}`',
+             ConfigError, "did you mean 'history'", _policy("eviction", "lfu", histroy=5)),
     BadInput("policies", "missing_option", '`eviction_policy="ttl"` without `ttl_steps` / `ttl_seconds`',
              ConfigError, "give exactly one of the options", _policy("eviction", "ttl")),
     BadInput("policies", "repeated_component", '`eviction_policy="lru+lru"`', ConfigError, "repeats ['lru']",
@@ -377,7 +385,8 @@ CATALOGUE: List[BadInput] = [
     BadInput("policies", "wrong_kind", '`eviction_policy="count"` (an admission policy)', ConfigError,
              "is an admission policy", _policy("eviction", "count")),
     BadInput("plugins", "hook_raises", "a policy plugin whose hook raises", PluginError,
-             "raised in hook torchrec_ascend_policies: KeyError", _raising_plugin),
+             "plugin 'my_policies' ((registered in-process)) raised in hook torchrec_ascend_policies: KeyError",
+             _raising_plugin),
     BadInput("plugins", "malformed_victims", "a policy plugin answering `select_victims` with one slot twice",
              PluginError, "from plugin 'my_policies' (my-policies 0.1.0) select_victims(num=2)", _broken_policy),
     BadInput("devices", "unknown_backend", "`TORCHREC_ASCEND_DEVICE=cpux`", BackendError, "Did you mean 'cpu'?",
@@ -421,7 +430,7 @@ def message_of(row: BadInput, scratch: Path) -> str:
     raise AssertionError(f"{row.kind}: {row.input} raised no {row.raises.__name__}")
 
 
-def readme_table(messages: Dict[str, str], width: int = 160) -> str:
+def readme_table(messages: Dict[str, str], width: int = 150) -> str:
     """The README's table: area, what the user does, the exception and the start of its message."""
     lines = ["| area | bad input | what the user sees |", "|---|---|---|"]
     for row in CATALOGUE:
@@ -443,7 +452,7 @@ def main() -> None:
         for n, row in enumerate(CATALOGUE):
             scratch = Path(tmp) / str(n)
             scratch.mkdir()
-            messages[row.kind] = message_of(row, scratch)
+            messages[row.kind] = message_of(row, scratch).replace(str(scratch), "DIR")
         dist.destroy_process_group()
     print(readme_table(messages))
 

@@ -27,6 +27,7 @@ from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBag
 from torchrec_ascend.errors import ConfigError
 
 OVERFLOW_RULES = ("error", "evict")
+CADENCE_OPTIONS = ("interval", "min_residency", "headroom")  # EvictionCadence's options
 # Key under which a table's HashTableSpec travels in TorchRec's per-table fused_params (which must be hashable).
 FUSED_PARAMS_KEY = "torchrec_ascend_hash"
 
@@ -104,6 +105,15 @@ class HashTableOptions:
             raise ConfigError(f"{where}: overflow must be one of {OVERFLOW_RULES}, got {self.overflow!r}")
         if not self.eviction_policy:
             raise ConfigError(f"{where}: eviction_policy must name a policy (see `torchrec-ascend policies`)")
+        unknown = sorted(set(self.eviction_cadence) - set(CADENCE_OPTIONS))
+        if unknown:
+            raise ConfigError(f"{where}: eviction_cadence does not take {unknown}; it takes {', '.join(CADENCE_OPTIONS)}")
+        if self.admission_options and not self.admission_policy:
+            raise ConfigError(f"{where}: admission_options {sorted(self.admission_options)} are given without an "
+                              "admission_policy; name the policy they are for (see `torchrec-ascend policies`)")
+        low, high = self.weight_init_min, self.weight_init_max
+        if low is not None and high is not None and not low < high:
+            raise ConfigError(f"{where}: weight_init_min ({low}) must be below weight_init_max ({high})")
 
     def hash_spec(self) -> HashTableSpec:
         """This table's options as a frozen :class:`HashTableSpec`."""
