@@ -37,6 +37,18 @@ def parametrize(metafunc: Any, derive: Callable[[SuiteConfig], List[Case]], name
 
 #: Parts a training case must report tensors for (``optimizer`` may be empty: SGD holds no state).
 REQUIRED_PARTS = ("parameters", "outputs")
+#: Per training call of each per-batch part, the most host<->device copies and host syncs allowed, as (fixed, per
+#: table the call serves): the budgets the kernels' docstrings state (``kernels/fused.py``,
+#: ``sharders/hash_row_wise.py``, ``sharders/index_dedup.py``). FUSED hash: the IDs down, the rows up, each table's
+#: new rows' slots and values up. KEY_VALUE: also each table's evicted rows down. Row-wise input dist: lengths, IDs
+#: and weights down, their buckets and the sequence permutation up. Dedup: the IDs down; distinct IDs, lengths,
+#: reverse indices and weights up. A blocking device-to-host copy is a host sync.
+TRANSFER_BUDGET = {
+    "fused_hash": {"d2h": (1, 0), "syncs": (1, 0), "h2d": (1, 2)},
+    "key_value": {"d2h": (1, 1), "syncs": (1, 1), "h2d": (1, 2)},
+    "row_wise_input_dist": {"d2h": (3, 0), "syncs": (3, 0), "h2d": (4, 0)},
+    "index_dedup": {"d2h": (1, 0), "syncs": (1, 0), "h2d": (4, 0)},
+}
 
 
 def script_check(
@@ -85,11 +97,32 @@ def result_of(request: Any, fixture: str, case: Case, trains: bool = True) -> Di
     assert not result.get("error"), result.get("traceback") or result["error"]
     if result.get("transfers"):
         request.node.user_properties.append(("transfers", result["transfers"]))
+        check_transfers(result["transfers"])
     if trains:
         suite: SuiteConfig = request.getfixturevalue("suite")
         check_residency(result.get("residency"), suite.device)
         request.node.user_properties.append(("residency", result["residency"]))
     return result
+
+
+def check_transfers(transfers: Dict[str, Dict[str, int]]) -> None:
+    """Fail when a per-batch part copied or synced more than :data:`TRANSFER_BUDGET` allows over its calls.
+
+    Raises:
+        AssertionError: naming the part, what it spent per call and its budget.
+
+    Example::
+
+        check_transfers({"fused_hash": {"steps": 8, "h2d": 16, "d2h": 8, "syncs": 8, "tables": 1}})
+    """
+    over = []
+    for kernel, counts in transfers.items():
+        for key, (fixed, per_table) in TRANSFER_BUDGET.get(kernel, {}).items():
+            allowed = counts["steps"] * (fixed + per_table * counts.get("tables", 1))
+            if counts[key] > allowed:
+                over.append(f"{kernel}: {counts[key] / counts['steps']:.2f} {key} per call, budget "
+                            f"{allowed / counts['steps']:.0f}")
+    assert not over, "host<->device traffic over budget: " + "; ".join(over)
 
 
 def check_residency(where: Optional[Dict[str, List[str]]], device: str) -> None:

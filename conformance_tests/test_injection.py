@@ -16,6 +16,7 @@ from typing import Any, Dict
 import pytest
 
 from torchrec_ascend.conformance_tests.config import SuiteConfig
+from torchrec_ascend.conformance_tests.emulated_run import EMULATED_BACKEND
 from torchrec_ascend.conformance_tests.launch import python_command, script_env
 
 PROBE = Path(__file__).parent / "injection" / "doctor_state.py"
@@ -45,7 +46,7 @@ def test_autoload_is_active(state: Dict[str, Any]) -> None:
 
 
 def test_device_backend_is_selected(state: Dict[str, Any], suite: SuiteConfig) -> None:
-    wanted = suite.profile.name
+    wanted = EMULATED_BACKEND if suite.emulate else suite.profile.name
     assert state["selected"] == wanted, f"backend {state['selected']!r} selected, not {wanted!r}"
 
 

@@ -7,7 +7,8 @@ rows up per feature with ``torch.nn.functional.embedding``.
 
 :class:`HashDenseEmbeddingBag` / :class:`HashDenseEmbedding` are data_parallel hash tables (small ones). Every rank
 holds a replica, so every replica must give an ID the same row: in training each rank gathers all ranks' IDs of the
-batch and inserts them in rank order (one all-gather per batch), then looks its own IDs up. The dense optimizer keeps
+batch and inserts them in rank order (one all-gather per batch, on the host where the ID map lives: the batch's IDs
+go down once and its rows come back once), then looks its own IDs up. The dense optimizer keeps
 per-row state outside the kernel, so these tables refuse ``overflow="evict"`` (a reused row would inherit state).
 """
 
@@ -90,7 +91,7 @@ class HashDenseRows(HashRows):
         dist.all_gather(all_lengths, lengths, group=group)
         sizes = [int(x.sum()) for x in all_lengths]
         padded = torch.zeros(max(sizes), dtype=torch.int64)
-        padded[: sizes[rank]] = features.values()
+        padded[: sizes[rank]] = features.values().to("cpu")  # the batch's IDs to the host once (the map lives there)
         gathered = [torch.empty_like(padded) for _ in range(world)]
         dist.all_gather(gathered, padded, group=group)
         # Feature-major over ranks: feature f holds rank 0's IDs, then rank 1's, ...
@@ -104,7 +105,9 @@ class HashDenseRows(HashRows):
         offsets = torch.cumsum(global_lengths, 0) - global_lengths
         mine = [mapped[int(o + starts[rank, f]): int(o + starts[rank, f] + all_lengths[rank][f])]
                 for f, o in enumerate(offsets)]
-        return with_values(features, torch.cat(mine) if mine else features.values())
+        if not mine:
+            return features
+        return with_values(features, torch.cat(mine).to(features.values().device, non_blocking=True))  # rows, once
 
 
 class HashDenseEmbeddingBag(HashDenseRows, BatchedDenseEmbeddingBag):

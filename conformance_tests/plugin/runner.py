@@ -82,7 +82,8 @@ def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
     Wraps the forward of every hash kernel (``fused_hash``, ``key_value``: ID mapping, new rows, the lookup) and of
     every hash row-wise input dist (``row_wise_input_dist``), and the index dedup (``index_dedup``), of this process.
     Each training call adds its copies and syncs and one ``steps``. Returns the live totals (kernel -> ``steps``,
-    ``h2d``, ``d2h``, ``syncs``): put them under the case's ``transfers`` key. Without the emulator: ``{}``, nothing
+    ``h2d``, ``d2h``, ``syncs``, and ``tables``: the most tables one call serves): put them under the case's
+    ``transfers`` key. Without the emulator: ``{}``, nothing
     wrapped. Use it where one thread trains (a pipeline's host threads would add their copies to the lookup's).
 
     Example::
@@ -102,7 +103,7 @@ def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
 
     totals = _COUNTING["totals"] = {}
 
-    def counted(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def counted(name: str, fn: Callable[..., Any], tables: int = 1) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             if not torch.is_grad_enabled():
                 return fn(*args, **kwargs)
@@ -111,7 +112,7 @@ def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
                 return fn(*args, **kwargs)
             finally:
                 spent = emulator.counters() - before
-                row = _COUNTING["totals"].setdefault(name, dict.fromkeys(TRANSFER_KEYS, 0))
+                row = _COUNTING["totals"].setdefault(name, {**dict.fromkeys(TRANSFER_KEYS, 0), "tables": tables})
                 row["steps"] += 1
                 for key in TRANSFER_KEYS[1:]:
                     row[key] += getattr(spent, key)
@@ -119,7 +120,8 @@ def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
 
     for kernel in (k for model in models for k in sharded_kernels(model)):
         if isinstance(kernel, HashRows):
-            kernel.forward = counted("key_value" if isinstance(kernel, KeyValueRows) else "fused_hash", kernel.forward)
+            name = "key_value" if isinstance(kernel, KeyValueRows) else "fused_hash"
+            kernel.forward = counted(name, kernel.forward, kernel.num_tables)
     for module in (m for model in models for m in model.modules()):
         for input_dist in getattr(module, "_input_dists", None) or []:
             if isinstance(input_dist, HashRwSparseFeaturesDist):
@@ -147,8 +149,11 @@ def merge(gathered: List[Dict[str, Any]], worst: Sequence[str], totals: Sequence
         merged[key] = sum(g.get(key) or 0 for g in gathered)
     counts = [g["transfers"] for g in gathered if g.get("transfers")]
     if counts:  # summed over ranks, per kernel
-        merged["transfers"] = {kernel: {key: sum(c.get(kernel, {}).get(key, 0) for c in counts) for key in TRANSFER_KEYS}
-                               for kernel in sorted(set().union(*counts))}
+        merged["transfers"] = {
+            kernel: {**{key: sum(c.get(kernel, {}).get(key, 0) for c in counts) for key in TRANSFER_KEYS},
+                     "tables": max(c.get(kernel, {}).get("tables", 0) for c in counts)}
+            for kernel in sorted(set().union(*counts))
+        }
     where = [g["residency"] for g in gathered if g.get("residency")]
     if where:
         merged["residency"] = {part: sorted(set().union(*(w.get(part, ()) for w in where))) for part in where[0]}

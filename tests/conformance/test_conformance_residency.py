@@ -11,7 +11,7 @@ import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_ascend.conformance_tests.harness import check_residency
+from torchrec_ascend.conformance_tests.harness import check_residency, check_transfers
 from torchrec_ascend.conformance_tests.plugin.runner import devices_of, merge, residency
 
 
@@ -43,3 +43,12 @@ def test_check_residency_passes_only_on_the_device() -> None:
         check_residency(None, "npu")
     with pytest.raises(AssertionError, match="no tensors for outputs"):
         check_residency({"parameters": ["npu"], "outputs": []}, "npu")
+
+
+def test_check_transfers_holds_each_part_to_its_budget() -> None:
+    check_transfers({"fused_hash": {"steps": 4, "h2d": 12, "d2h": 4, "syncs": 4, "tables": 1},
+                     "key_value": {"steps": 2, "h2d": 10, "d2h": 6, "syncs": 6, "tables": 2}})
+    with pytest.raises(AssertionError, match="fused_hash: 2.00 d2h per call, budget 1"):
+        check_transfers({"fused_hash": {"steps": 4, "h2d": 4, "d2h": 8, "syncs": 4, "tables": 1}})
+    with pytest.raises(AssertionError, match="index_dedup: 1.50 syncs per call, budget 1"):
+        check_transfers({"index_dedup": {"steps": 2, "h2d": 2, "d2h": 2, "syncs": 3, "tables": 1}})

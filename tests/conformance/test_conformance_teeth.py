@@ -167,3 +167,55 @@ def test_a_run_that_checked_nothing_fails(tmp_path: Path) -> None:
     assert proc.returncode == NOTHING_CHECKED, output
     assert set(junit_outcomes(junit).values()) == {"skipped"}
     assert "no npu device here" in output and "every case skipped: nothing was checked" in output, output
+
+
+def emulated_npu_absent() -> str:
+    """Why the npu backend cannot run on the emulated NPU here (``""`` when it can): the doctor probe, run as the
+    suite runs its scripts under ``--emulate``, must select the npu backend."""
+    from torchrec_ascend.backends import DEVICE_ENV
+    from torchrec_ascend.conformance_tests import launch
+
+    probe = Path(launch.__file__).parent / "injection" / "doctor_state.py"
+    env = {**os.environ, DEVICE_ENV: "npu", **launch.script_env("npu", "hccl", emulate=True)}
+    proc = subprocess.run(launch.python_command(probe, env), env=env, capture_output=True, text=True, timeout=300)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return "the npu backend does not activate on the emulated NPU: " + (proc.stderr.strip().splitlines()
+                                                                           or ["no output"])[-1]
+    return ""
+
+
+@pytest.fixture(scope="module")
+def emulated_npu() -> None:
+    reason = emulated_npu_absent()
+    if reason:
+        pytest.skip(reason)
+
+
+EMULATED = ["conformance", "--device", "npu", "--emulate", "--quick"]
+
+
+@pytest.mark.xfail(strict=True, reason="the emulated TBE's fused optimizer updates rows wrongly under DMP (stock "
+                   "EmbeddingBagCollection, table_wise, SGD lr=1: the update of row 1 is [5.11, 0, 0, 0], not -1 in "
+                   "every column); remove this mark when torchrec_ascend/testing/tbe.py is fixed")
+def test_the_emulated_npu_run_passes_on_npu(emulated_npu: None, tmp_path: Path) -> None:
+    """The suite on the emulated NPU: every case passes, every training check ran on npu, and the per-kernel copy
+    and sync counts are printed (this is how CI runs the accelerator path)."""
+    status, output, outcomes = run_cli(EMULATED, tmp_path, {})
+    assert status == 0 and "failed" not in outcomes.values(), output
+    table = output[output.index("conformance summary"):]
+    for check in ("hash_tables", "key_value", "pipeline", "checkpoint"):
+        row = next(line for line in table.splitlines() if line.startswith(check + " "))
+        assert row.split()[-1] == "npu", f"{check} did not report npu residency: {row}"
+    assert "copies and host syncs per training step on npu (emulated)" in table, table
+    for kernel in ("fused_hash", "key_value", "row_wise_input_dist", "index_dedup"):
+        assert any(line.startswith(kernel + " ") for line in table.splitlines()), f"no counts for {kernel}:\n{table}"
+
+
+def test_a_dropped_device_transfer_fails_the_emulated_run(emulated_npu: None, fault_site: Path,
+                                                          tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": "transfer_dropped"}
+    status, output, outcomes = run_cli(EMULATED + ["--quick", "--only", "hash_tables"], tmp_path, env)
+    assert status == 1, output
+    assert outcomes and set(outcomes.values()) == {"failed"}, output
+    assert "Expected all tensors to be on the same device" in output, output
