@@ -9,6 +9,10 @@ place, then the directory is fsynced so the rename itself survives a power loss.
 complete new one, never a torn one. Anything that does not read back intact (missing, truncated, wrong magic,
 checksum mismatch, malformed JSON) raises :class:`StorageError` naming the file.
 
+Readers treat files as untrusted (checkpoints travel between machines): names read from metadata must be plain file
+names inside their folder (:func:`confined`), only regular files are opened (a FIFO would block), and an array's
+entry is checked and compared with the file's size before anything is allocated (:func:`read_array`).
+
 Example::
 
     with ArrayFileWriter("/ckpt/save-00000001/rank-00000-of-00001.data") as writer:

@@ -103,7 +103,8 @@ def read_restores(shards: List[LocalShard], chain: Chain, strict: bool) -> List[
         else:
             entries = [e for source, _ in sources for e in _entries_of(chain, source)]
             records, state = _resharded(layout, sources, chain)
-        records = ShardRows(layout.to_local(records.ids), records.slots, records.last_used, records.rows)
+        dtype = kernel.pack_rows(t, torch.empty(0, dtype=torch.int64)).dtype  # the rows as the kernel holds them
+        records = ShardRows(layout.to_local(records.ids), records.slots, records.last_used, records.rows.to(dtype))
         _trial_restore(kernel, t, layout, records, state, sorted({os.path.join(d, e["file"]) for d, e in entries}))
         restores.append(Restore(records, state, exact is not None))
     return restores
