@@ -36,10 +36,12 @@ NPU = DeviceProfile(
     # fbgemm_gpu defines the fbgemm:: op schemas; fbgemm_ascend (optional) adds Ascend kernels for them.
     op_modules=("fbgemm_gpu",),
     optional_op_modules=("fbgemm_ascend",),
-    # The forward of fbgemm's TBE on the device (the backward and optimizers come from the same library).
+    # fbgemm's TBE on an accelerator (EmbeddingLocation.DEVICE) calls these, one per fused optimizer above.
     device_tbe_ops=(
-        "split_embedding_codegen_forward_unweighted_pt2_wrapper",
-        "split_embedding_codegen_forward_weighted_pt2_wrapper",
+        "split_embedding_codegen_lookup_sgd_function_pt2",
+        "split_embedding_codegen_lookup_adagrad_function_pt2",
+        "split_embedding_codegen_lookup_rowwise_adagrad_function_pt2",
+        "split_embedding_codegen_lookup_adam_function_pt2",
     ),
     # fbgemm ops TorchRec's training path dispatches that fbgemm-ascend may lack on some SoCs (A2/A3).
     host_fallback_ops=(

@@ -171,10 +171,12 @@ def _count(name: str) -> None:
 
 
 def _has_device_kernel(qualified: str) -> bool:
+    """A kernel for the device's dispatch key, or its autograd key (TBE lookups are autograd functions)."""
     import torch
 
     try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(qualified, DISPATCH_KEY)
+        return any(torch._C._dispatch_has_kernel_for_dispatch_key(qualified, key)
+                   for key in (DISPATCH_KEY, f"Autograd{DISPATCH_KEY}"))
     except RuntimeError:  # no such operator
         return False
 

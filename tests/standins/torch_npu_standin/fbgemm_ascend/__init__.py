@@ -15,14 +15,18 @@ if _failure:
     raise ImportError(_failure)
 
 import fbgemm_gpu  # noqa: E402,F401  (defines the fbgemm:: op schemas these kernels implement)
+import fbgemm_gpu.split_table_batched_embeddings_ops_training  # noqa: E402,F401  (the TBE lookup ops)
 import torch  # noqa: E402
 
 STANDIN = True
 NATIVE_OPS = (
     "asynchronous_complete_cumsum",
     "permute_2D_sparse_data",
-    "split_embedding_codegen_forward_unweighted_pt2_wrapper",  # the device TBE
-    "split_embedding_codegen_forward_weighted_pt2_wrapper",
+    # the device TBE (one lookup per fused optimizer)
+    "split_embedding_codegen_lookup_sgd_function_pt2",
+    "split_embedding_codegen_lookup_adagrad_function_pt2",
+    "split_embedding_codegen_lookup_rowwise_adagrad_function_pt2",
+    "split_embedding_codegen_lookup_adam_function_pt2",
 )
 
 
