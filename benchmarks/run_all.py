@@ -317,6 +317,21 @@ def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, loa
     return "\n".join(lines) + "\n"
 
 
+STANDALONE = ("## Scale:",)  # sections that benchmarks run on their own write (bench_scale.py): kept across runs
+
+
+def standalone_sections(path: str) -> str:
+    """The sections of the report at ``path`` written by standalone benchmarks (see ``STANDALONE``), to carry over."""
+    old = Path(path).read_text() if Path(path).exists() else ""
+    kept = []
+    for header in STANDALONE:
+        start = old.find("\n" + header)
+        if start >= 0:
+            end = old.find("\n## ", start + 1)
+            kept.append(old[start : end if end >= 0 else len(old)].rstrip("\n") + "\n")
+    return "".join(kept)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the benchmarks, write the report; exit status 1 if any benchmark failed to run (not on missed targets)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -335,7 +350,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         outcome = run(benchmark, args.smoke, timeout)
         print(f"  {outcome.seconds:.0f} s" + (f": {outcome.error}" if outcome.error else ""), flush=True)
         outcomes.append(outcome)
-    Path(args.report).write_text(report(outcomes, args.smoke, started, load_before))
+    kept = standalone_sections(args.report)
+    Path(args.report).write_text(report(outcomes, args.smoke, started, load_before) + kept)
     print(f"wrote {args.report}")
     return 1 if any(o.error for o in outcomes) else 0
 
