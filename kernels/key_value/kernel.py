@@ -47,7 +47,7 @@ from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, hash_spec_of
 from torchrec_ascend.hash.slot_table import Assignment
 from torchrec_ascend.kernels import ops
-from torchrec_ascend.kernels.fused import HashRows, ShardInfo, ShardRows
+from torchrec_ascend.kernels.fused import HashRows, ShardInfo, ShardRows, with_values
 from torchrec_ascend.kernels.key_value.disk_store import DiskStore
 from torchrec_ascend.kernels.key_value.host_store import HostStore
 from torchrec_ascend.kernels.key_value.key_index import reserve
@@ -162,6 +162,14 @@ class KeyValueRows(HashRows):
             return lambda keys: torch.ones(keys.shape, dtype=torch.bool)
         return self._stores[t].contains
 
+    def _eval_on_host(self, features: KeyedJaggedTensor) -> Optional[KeyedJaggedTensor]:
+        """For an evaluation batch whose rows the cache cannot take now: the batch with its IDs on the host (for
+        :meth:`rows_from_tiers`); None otherwise (training, or the batch fits)."""
+        if self.training or features.variable_stride_per_key():  # type: ignore[attr-defined]
+            return None
+        on_host = with_values(features, features.values().to("cpu"))
+        return None if self._fits(on_host) else on_host
+
     def _fits(self, features: KeyedJaggedTensor) -> bool:
         """Whether the cache can take this batch's rows now (the rows of batches in flight stay pinned)."""
         return all(t.can_fit(ids) for t, ids in zip(self._slot_tables, self._ids_per_table(features)))  # type: ignore
@@ -192,7 +200,8 @@ class KeyValueRows(HashRows):
             rows = torch.full((unique.numel(), cols), self._specs[t].not_admitted_value)  # type: ignore[attr-defined]
             slots = table.id_map.lookup(unique)
             cached = slots >= 0
-            rows[cached] = self._pool_weights(t)[slots[cached]].float()  # type: ignore[attr-defined]
+            pool = self._pool_weights(t)  # type: ignore[attr-defined]
+            rows[cached] = pool[slots[cached].to(pool.device)].float().cpu()
             below = (~cached).nonzero().squeeze(1)
             stored, found = self._read_stored(t, unique[below])
             rows[below[found]] = stored[found, :cols].float()
@@ -332,19 +341,20 @@ class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
         self._init_key_value(config)
 
     def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if not self.training and not features.variable_stride_per_key() and not self._fits(features):
-            return self._pooled_from_tiers(features)
+        on_host = self._eval_on_host(features)
+        if on_host is not None:  # evaluation larger than the free cache: nothing is swapped
+            return self._pooled_from_tiers(on_host, features.weights_or_none()).to(features.values().device)
         return BatchedFusedEmbeddingBag.forward(self, self.lookup_rows(features), *args, **kwargs)
 
-    def _pooled_from_tiers(self, features: KeyedJaggedTensor) -> torch.Tensor:
+    def _pooled_from_tiers(self, features: KeyedJaggedTensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
         """The TBE's pooled output ``[B, sum of feature dims]`` computed from :meth:`rows_from_tiers` (evaluation)."""
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 
         rows = self.rows_from_tiers(features)
-        weights = features.weights_or_none()
+        weights = None if weights is None else weights.to("cpu")
         if weights is not None:
             rows = [r * w.unsqueeze(1).float() for r, w in zip(rows, torch.split(weights, features.length_per_key()))]
-        lengths = features.lengths().long()
+        lengths = features.lengths().to("cpu").long()
         batch = features.stride()
         bags = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
         mean = self._emb_module.pooling_mode == PoolingMode.MEAN  # type: ignore[attr-defined]
@@ -366,9 +376,11 @@ class KeyValueEmbedding(KeyValueRows, BatchedFusedEmbedding):
         self._init_key_value(config)
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        if not self.training and not self._fits(features):
-            rows = self.rows_from_tiers(features)  # evaluation larger than the cache: nothing is swapped
-            return torch.cat(rows) if rows else torch.zeros(0, self._local_cols[0])  # type: ignore[attr-defined]
+        on_host = self._eval_on_host(features)
+        if on_host is not None:  # evaluation larger than the free cache: nothing is swapped
+            rows = self.rows_from_tiers(on_host)
+            out = torch.cat(rows) if rows else torch.zeros(0, self._local_cols[0])  # type: ignore[attr-defined]
+            return out.to(features.values().device)
         return BatchedFusedEmbedding.forward(self, self.lookup_rows(features))
 
 

@@ -58,7 +58,8 @@ class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
         weights = sparse_features.weights_or_none()
         lengths, bucketed, weights, permute = (
             t if t is None else t.to(device, non_blocking=True)
-            for t in ops.hash_bucketize(sparse_features.lengths().to("cpu"), values,
+            # int32 IDs and lengths are taken as TorchRec takes them; an ID is placed by its int64 value.
+            for t in ops.hash_bucketize(sparse_features.lengths().to("cpu").long(), values.long(),
                                         None if weights is None else weights.to("cpu"), world)
         )
         variable = sparse_features.variable_stride_per_key()
