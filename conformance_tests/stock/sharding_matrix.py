@@ -11,8 +11,16 @@ Case kinds (JSON objects):
   with the stock planner constrained to that sharding type, train a few steps with the optimizer fused into
   backward (``apply_optimizer_in_backward``, the TorchRec idiom), and compare every step's forward output and the
   final weights with the unsharded module trained on the global batch.
-* ``{"kind": "pipeline"}``: stock ``TrainPipelineSparseDist`` vs a plain training loop, same initial weights.
-* ``{"kind": "copy"}``: ``DistributedModelParallel.copy()`` to the CPU.
+  Optional keys vary the setting (each has a default): ``"batch"``: ``"variable"`` (rank ``r`` has ``BATCH - 2r``
+  samples), ``"empty"`` (rank 0 has none) or ``"vbe"`` (TorchRec's variable batch per feature,
+  ``stride_per_key_per_rank`` with ``inverse_indices``); ``"pooling": "mean"``; ``"weighted": true`` (per-sample
+  weights); ``"dims": "mixed"`` (tables of dims 16, 8, 24); ``"dtype": "fp16"`` (``data_type=FP16`` tables, compared
+  with the reference's weights rounded to fp16 each step); ``"index": "int32"`` (int32 values and lengths);
+  ``"eval": true`` (also an eval-mode forward under ``torch.no_grad()`` after training).
+* ``{"kind": "pipeline", "pipeline": "sparse_dist"|"prefetch"|"eval"|"semi_sync", "kernel": "fused"|"key_value"}``:
+  a stock TorchRec pipeline vs a plain loop, same initial weights; every step's output, a held-out batch's output
+  in eval mode and (FUSED) the final weights are compared.
+* ``{"kind": "copy"}``: ``DistributedModelParallel.copy()`` to the CPU: same outputs and weights, and the copy trains.
 
 Rank 0 writes one result per case: ``ok``, ``fwd_err``, ``weight_err``, ``moved`` (how far the weights moved, so a
 no-op cannot pass) and ``error`` (the exception text if the case raised).
@@ -21,8 +29,10 @@ no-op cannot pass) and ``error`` (the exception text if the case raised).
 from __future__ import annotations
 
 import argparse
-import datetime
+import contextlib
 import copy
+import dataclasses
+import datetime
 import gc
 import json
 import os
@@ -55,49 +65,126 @@ OPTIMIZERS = {
 }
 
 
-def make_module(kind: str) -> torch.nn.Module:
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """The optional case keys (see the module docstring), with their defaults."""
+
+    batch: str = "uniform"
+    pooling: str = "sum"
+    weighted: bool = False
+    dims: str = "equal"
+    dtype: str = "fp32"
+    index: str = "int64"
+    eval: bool = False
+
+    @staticmethod
+    def of(case: Dict[str, Any]) -> "Variant":
+        return Variant(**{f.name: case[f.name] for f in dataclasses.fields(Variant) if f.name in case})
+
+    def tables(self) -> List[Tuple[str, int, int]]:
+        dims = (16, 8, 24) if self.dims == "mixed" else (DIM,) * len(TABLES)
+        return [(n, r, d) for (n, r, _), d in zip(TABLES, dims)]
+
+    def samples(self, rank: int, feature: int) -> int:
+        """Distinct samples of ``feature`` in ``rank``'s batch."""
+        if self.batch == "vbe":
+            return max(1, BATCH - feature - rank)
+        if self.batch == "variable":
+            return BATCH - 2 * rank
+        if self.batch == "empty":
+            return 0 if rank == 0 else BATCH
+        return BATCH
+
+    def output_batch(self, rank: int) -> int:
+        """Samples of ``rank``'s output (with VBE: after ``inverse_indices`` expands each feature)."""
+        return BATCH if self.batch == "vbe" else self.samples(rank, 0)
+
+
+def make_module(kind: str, variant: Variant = Variant(), dtype: Any = None) -> torch.nn.Module:
+    from torchrec.modules.embedding_configs import DataType, PoolingType
+
     features = lambda name: [f"f_{name}"]  # noqa: E731
+    data_type = DataType.FP16 if (dtype or variant.dtype) == "fp16" else DataType.FP32
     if kind == "ec":
         return torchrec.EmbeddingCollection(
-            tables=[torchrec.EmbeddingConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=features(n))
-                    for n, r, d in TABLES],
+            tables=[torchrec.EmbeddingConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=features(n),
+                                             data_type=data_type)
+                    for n, r, d in variant.tables()],
             device=torch.device("cpu"),
         )
+    pooling = PoolingType.MEAN if variant.pooling == "mean" else PoolingType.SUM
     return torchrec.EmbeddingBagCollection(
-        tables=[torchrec.EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=features(n))
-                for n, r, d in TABLES],
+        tables=[torchrec.EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=features(n),
+                                            pooling=pooling, data_type=data_type)
+                for n, r, d in variant.tables()],
+        is_weighted=variant.weighted,
         device=torch.device("cpu"),
     )
 
 
-def make_batch(step: int, rank: int) -> KeyedJaggedTensor:
+def _samples(step: int, rank: int, variant: Variant) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per feature of ``rank``'s batch: lengths, values and weights of its distinct samples."""
     gen = torch.Generator().manual_seed(1000 * step + rank)
-    keys = [f"f_{n}" for n, _, _ in TABLES]
-    lengths = torch.randint(0, MAX_LEN + 1, (len(TABLES) * BATCH,), generator=gen)
-    values = torch.cat(
-        [torch.randint(0, rows, (int(lengths[i * BATCH:(i + 1) * BATCH].sum()),), generator=gen)
-         for i, (_, rows, _) in enumerate(TABLES)]
-    )
-    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
+    out = []
+    for i, (_, rows, _) in enumerate(variant.tables()):
+        lengths = torch.randint(0, MAX_LEN + 1, (variant.samples(rank, i),), generator=gen)
+        values = torch.randint(0, rows, (int(lengths.sum()),), generator=gen)
+        out.append((lengths, values, torch.rand(values.numel(), generator=gen)))
+    return out
 
 
-def global_batch(step: int, world: int) -> KeyedJaggedTensor:
-    parts = [make_batch(step, r) for r in range(world)]
-    keys = parts[0].keys()
-    lengths, values = [], []
-    for f, key in enumerate(keys):  # feature-major layout: each feature's lengths for all ranks' samples
-        for p in parts:
-            lengths.append(p.lengths()[f * BATCH:(f + 1) * BATCH])
-            values.append(p[key].values())
-    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(values), lengths=torch.cat(lengths))
+def _inverse(rank: int, variant: Variant) -> List[torch.Tensor]:
+    return [torch.arange(BATCH) % variant.samples(rank, i) for i in range(len(TABLES))]
+
+
+def make_batch(step: int, rank: int, variant: Variant = Variant()) -> KeyedJaggedTensor:
+    """``rank``'s local batch as the sharded model receives it."""
+    keys = [f"f_{n}" for n, _, _ in variant.tables()]
+    parts = _samples(step, rank, variant)
+    index = torch.int32 if variant.index == "int32" else torch.int64
+    lengths = torch.cat([p[0] for p in parts]).to(index)
+    values = torch.cat([p[1] for p in parts]).to(index)
+    weights = torch.cat([p[2] for p in parts]) if variant.weighted else None
+    if variant.batch == "vbe":
+        return KeyedJaggedTensor(
+            keys=keys, values=values, lengths=lengths, weights=weights,
+            stride_per_key_per_rank=[[p[0].numel()] for p in parts],
+            inverse_indices=(keys, torch.stack(_inverse(rank, variant))),
+        )
+    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths, weights=weights)
+
+
+def _expanded(step: int, rank: int, variant: Variant) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per feature, ``rank``'s samples as the output sees them (VBE's inverse_indices applied)."""
+    parts = _samples(step, rank, variant)
+    if variant.batch != "vbe":
+        return parts
+    out = []
+    for (lengths, values, weights), inverse in zip(parts, _inverse(rank, variant)):
+        starts = torch.cumsum(lengths, 0) - lengths
+        picks = torch.cat([torch.arange(int(starts[j]), int(starts[j] + lengths[j])) for j in inverse.tolist()]
+                          + [torch.empty(0, dtype=torch.int64)])
+        out.append((lengths[inverse], values[picks], weights[picks]))
+    return out
+
+
+def global_batch(step: int, world: int, variant: Variant = Variant()) -> KeyedJaggedTensor:
+    """Every rank's samples, rank after rank within each feature, for the unsharded reference."""
+    parts = [_expanded(step, r, variant) for r in range(world)]
+    keys = [f"f_{n}" for n, _, _ in variant.tables()]
+    per_feature = [[p[f] for p in parts] for f in range(len(keys))]  # feature-major
+    lengths = torch.cat([x[0] for feature in per_feature for x in feature])
+    values = torch.cat([x[1] for feature in per_feature for x in feature])
+    weights = torch.cat([x[2] for feature in per_feature for x in feature]) if variant.weighted else None
+    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths, weights=weights)
 
 
 def output_rows(kind: str, out: Any) -> torch.Tensor:
     """Forward output as a 2-D tensor: [B, sum(D)] pooled, or [values, D] (features concatenated) for sequences."""
     if kind == "ec":
-        return torch.cat([out[k].values() for k in sorted(out.keys())])
+        return torch.cat([out[k].values() for k in sorted(out.keys())]).float()
     per_key = out.to_dict()  # a sharded module may order its output keys differently
-    return torch.cat([per_key[k] for k in sorted(per_key)], dim=1)
+    return torch.cat([per_key[k] for k in sorted(per_key)], dim=1).float()
 
 
 def loss_of(kind: str, rows: torch.Tensor, step: int, seed: int) -> torch.Tensor:
@@ -105,23 +192,34 @@ def loss_of(kind: str, rows: torch.Tensor, step: int, seed: int) -> torch.Tensor
     return (rows * torch.randn(rows.shape, generator=gen)).sum()
 
 
-def split_rank_rows(kind: str, ref_out: Any, step: int, rank: int, world: int) -> torch.Tensor:
+def split_rank_rows(
+    kind: str, ref_out: Any, step: int, rank: int, world: int, variant: Variant = Variant()
+) -> torch.Tensor:
     """The rows of the global reference output that belong to ``rank``'s local batch."""
     if kind == "ebc":
-        return output_rows(kind, ref_out)[rank * BATCH:(rank + 1) * BATCH]
+        start = sum(variant.output_batch(r) for r in range(rank))
+        return output_rows(kind, ref_out)[start:start + variant.output_batch(rank)]
     pieces = []
-    local = [make_batch(step, r) for r in range(world)]
-    for key in sorted(ref_out.keys()):
-        sizes = [int(p[key].lengths().sum()) for p in local]
+    local = [_expanded(step, r, variant) for r in range(world)]
+    for f, key in enumerate(sorted(ref_out.keys())):
+        sizes = [int(p[f][0].sum()) for p in local]
         pieces.append(torch.split(ref_out[key].values(), sizes)[rank])
-    return torch.cat(pieces)
+    return torch.cat(pieces).float()
 
 
-def plan_and_shard(module: torch.nn.Module, sharding_type: str, pg: dist.ProcessGroup) -> DistributedModelParallel:
-    kernel = "dense" if sharding_type == "data_parallel" else "fused"
+def plan_and_shard(
+    module: torch.nn.Module, sharding_type: str, pg: dist.ProcessGroup, kernel: str = "fused"
+) -> DistributedModelParallel:
+    from torchrec.distributed.types import CacheParams
+
+    kernel = "dense" if sharding_type == "data_parallel" else kernel
+    # KEY_VALUE: a device cache of the whole shard (a batch here may touch most of a shard's rows; eviction and
+    # swapping are the plugin's own suite's business), so a pipeline's prefetch path is what is tested.
+    cache = CacheParams(load_factor=1.0) if kernel == "key_value" else None
     constraints = {
         # min_partition: split columns into 8-wide shards so column-wise types really shard (else 1 shard = TW)
-        n: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel], min_partition=8)
+        n: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel], min_partition=8,
+                                cache_params=cache)
         for n, _, _ in TABLES
     }
     planner = EmbeddingShardingPlanner(
@@ -162,12 +260,11 @@ class ColumnShardRowWiseAdagrad(torch.optim.Optimizer):
 
 def min_column_shard(dmp: Any) -> Any:
     """The narrowest column shard of the plan, or None if no table is split by columns."""
-    widths = [
-        shard.shard_sizes[1]
-        for ps in dmp.plan.plan[""].values()
-        for shard in getattr(ps.sharding_spec, "shards", None) or []
-        if shard.shard_sizes[1] < DIM
-    ]
+    widths = []
+    for ps in dmp.plan.plan[""].values():
+        shards = getattr(ps.sharding_spec, "shards", None) or []
+        cols = max((sh.shard_offsets[1] + sh.shard_sizes[1] for sh in shards), default=0)
+        widths += [sh.shard_sizes[1] for sh in shards if sh.shard_sizes[1] < cols]
     return min(widths) if widths else None
 
 
@@ -189,9 +286,9 @@ def max_weight_error(dmp: torch.nn.Module, reference: Dict[str, torch.Tensor]) -
         ref = reference[_unsharded_name(name)]
         if hasattr(value, "local_shards"):
             for shard in value.local_shards():
-                err = max(err, (shard.tensor - _slice(ref, shard.metadata)).abs().max().item())
+                err = max(err, _max_abs(shard.tensor.float() - _slice(ref, shard.metadata)))
         else:
-            err = max(err, (value - ref).abs().max().item())
+            err = max(err, _max_abs(value.float() - ref))
     return err
 
 
@@ -207,10 +304,15 @@ def _slice(ref: torch.Tensor, metadata: Any) -> torch.Tensor:
 def run_sharding_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, Any]:
     rank, world = pg.rank(), pg.size()
     kind, sharding_type = case["kind"], case["sharding_type"]
+    variant = Variant.of(case)
     opt_cls, opt_kwargs = OPTIMIZERS[case["optimizer"]]
     torch.manual_seed(0)
-    reference = make_module(kind)
-    sharded_source = copy.deepcopy(reference)
+    reference = make_module(kind, variant, dtype="fp32")
+    if variant.dtype == "fp16":
+        with torch.no_grad():  # the sharded tables hold fp16: start the reference from the same values
+            for p in reference.parameters():
+                p.copy_(p.half().float())
+    sharded_source = make_module(kind, variant)
     initial = {k: v.detach().clone() for k, v in reference.state_dict().items()}
     source_params = sharded_source.embeddings if kind == "ec" else sharded_source.embedding_bags
     apply_optimizer_in_backward(opt_cls, source_params.parameters(), dict(opt_kwargs))
@@ -232,26 +334,38 @@ def run_sharding_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, 
 
     fwd_err = 0.0
     for step in range(STEPS):
-        ref_out = reference(global_batch(step, world))
-        ref_rows = output_rows(kind, ref_out)
-        mine = split_rank_rows(kind, ref_out, step, rank, world)
+        ref_out = reference(global_batch(step, world, variant))
+        mine = split_rank_rows(kind, ref_out, step, rank, world, variant)
         total = sum(
-            loss_of(kind, split_rank_rows(kind, ref_out, step, r, world), step, seed=100 * r) for r in range(world)
+            loss_of(kind, split_rank_rows(kind, ref_out, step, r, world, variant), step, seed=100 * r)
+            for r in range(world)
         )
         (total * scale).backward()
-        del ref_rows
 
-        out = output_rows(kind, dmp(make_batch(step, rank)))
-        fwd_err = max(fwd_err, (out - mine.detach()).abs().max().item())
+        out = output_rows(kind, dmp(make_batch(step, rank, variant)))
+        fwd_err = max(fwd_err, _max_abs(out - mine.detach()))
         loss_of(kind, out, step, seed=100 * rank).backward()
         if dense is not None:
             dense.step()
             dense.zero_grad()
 
+    eval_err = None
+    if variant.eval:
+        dmp.eval()
+        reference.eval()
+        with torch.no_grad():
+            mine = split_rank_rows(kind, reference(global_batch(STEPS, world, variant)), STEPS, rank, world, variant)
+            eval_err = _max_abs(output_rows(kind, dmp(make_batch(STEPS, rank, variant))) - mine)
+        fwd_err = max(fwd_err, eval_err)
     final = {k: v.detach() for k, v in reference.state_dict().items()}
     moved = max((final[k] - initial[k]).abs().max().item() for k in final)
     shards = [len(getattr(p.sharding_spec, "shards", []) or []) for p in dmp.plan.plan[""].values()]
-    return {"fwd_err": fwd_err, "weight_err": max_weight_error(dmp, final), "moved": moved, "shards": max(shards)}
+    return {"fwd_err": fwd_err, "eval_err": eval_err, "weight_err": max_weight_error(dmp, final), "moved": moved,
+            "shards": max(shards)}
+
+
+def _max_abs(diff: torch.Tensor) -> float:
+    return diff.abs().max().item() if diff.numel() else 0.0
 
 
 class SparseArch(torch.nn.Module):
@@ -279,11 +393,11 @@ def pipeline_batch(step: int, rank: int) -> Any:
     )
 
 
-def sharded_arch(pg: dist.ProcessGroup, initial: Dict[str, torch.Tensor]) -> Tuple[Any, Any]:
+def sharded_arch(pg: dist.ProcessGroup, initial: Dict[str, torch.Tensor], kernel: str = "fused") -> Tuple[Any, Any]:
     torch.manual_seed(0)
     model = SparseArch()
     apply_optimizer_in_backward(torch.optim.SGD, model.ebc.embedding_bags.parameters(), {"lr": LR})
-    dmp = plan_and_shard(model, "row_wise", pg)
+    dmp = plan_and_shard(model, "row_wise", pg, kernel)
     copy_reference_weights(dmp, initial)
     dense = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(dmp.named_parameters())), lambda ps: torch.optim.SGD(ps, lr=LR)
@@ -291,44 +405,94 @@ def sharded_arch(pg: dist.ProcessGroup, initial: Dict[str, torch.Tensor]) -> Tup
     return dmp, dense
 
 
-def run_pipeline_case(pg: dist.ProcessGroup) -> Dict[str, Any]:
-    rank = pg.rank()
+def _pipeline(name: str, model: Any, optimizer: Any) -> Any:
+    from torchrec.distributed.train_pipeline.train_pipelines import (
+        EvalPipelineSparseDist,
+        PrefetchTrainPipelineSparseDist,
+        TrainPipelineSemiSync,
+    )
+
+    cpu = torch.device("cpu")
+    if name == "semi_sync":  # refused on the CPU by the plugin (TorchRec's lookup there needs CUDA streams)
+        return TrainPipelineSemiSync(model, optimizer, cpu, start_batch=0)
+    cls = {"sparse_dist": TrainPipelineSparseDist, "prefetch": PrefetchTrainPipelineSparseDist,
+           "eval": EvalPipelineSparseDist}[name]
+    return cls(model, optimizer, cpu)
+
+
+def _plain_outputs(name: str, model: Any, optimizer: Any, batches: List[Any]) -> List[torch.Tensor]:
+    """What the pipeline must produce, in a plain loop: every batch's logits (a pipeline's ``progress()`` returns
+    the model's output, not its loss), with the same updates."""
+    if name == "eval":
+        model.eval()
+        with torch.no_grad():
+            return [model(b)[1] for b in batches]
+    outputs = []
+    for b in batches:
+        optimizer.zero_grad()
+        loss, logits = model(b)
+        loss.backward()
+        optimizer.step()
+        outputs.append(logits.detach())
+    return outputs
+
+
+def run_pipeline_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, Any]:
+    """A stock pipeline vs the plain loop it stands for: every step's output, then the trained models' outputs on a
+    held-out batch in eval mode, and (FUSED) every weight."""
+    rank, name, kernel = pg.rank(), case.get("pipeline", "sparse_dist"), case.get("kernel", "fused")
     torch.manual_seed(0)
     initial = {k: v.detach().clone() for k, v in SparseArch().state_dict().items()}
-    steps = 4
+    steps = 6
+    batches = [pipeline_batch(step, rank) for step in range(steps)]
 
-    plain, plain_opt = sharded_arch(pg, initial)
-    for step in range(steps):
-        plain_opt.zero_grad()
-        loss, _ = plain(pipeline_batch(step, rank))
-        loss.backward()
-        plain_opt.step()
-
-    piped, piped_opt = sharded_arch(pg, initial)
-    pipeline = TrainPipelineSparseDist(piped, piped_opt, torch.device("cpu"))
-    batches = iter([pipeline_batch(step, rank) for step in range(steps)])
-    done = 0
-    while True:
-        try:
-            pipeline.progress(batches)
-            done += 1
-        except StopIteration:
-            break
-    plain_state = {k: v for k, v in plain.state_dict().items()}
+    plain, plain_opt = sharded_arch(pg, initial, kernel)
+    expected = _plain_outputs(name, plain, plain_opt, batches)
+    piped, piped_opt = sharded_arch(pg, initial, kernel)
+    if name == "eval":
+        piped.eval()
+    pipeline = _pipeline(name, piped, piped_opt)
+    feed = iter(batches)
+    outputs: List[torch.Tensor] = []
+    with torch.no_grad() if name == "eval" else contextlib.nullcontext():
+        while True:
+            try:
+                outputs.append(pipeline.progress(feed).detach())
+            except StopIteration:
+                break
+    if len(outputs) != steps:
+        raise RuntimeError(f"{name}: the pipeline ran {len(outputs)} of {steps} batches")
+    fwd_err = max(_max_abs(a - b) for a, b in zip(outputs, expected))
+    pipeline.detach()  # the model's own forward again
+    held_out = pipeline_batch(steps, rank)
+    for model in (plain, piped):
+        model.eval()
+    with torch.no_grad():
+        fwd_err = max(fwd_err, _max_abs(plain(held_out)[1] - piped(held_out)[1]))
+    plain_state = dict(plain.state_dict())
     err, moved = 0.0, 0.0
-    for name, value in piped.state_dict().items():
-        other = plain_state[name]
+    for key, value in piped.state_dict().items():
+        other = plain_state[key]
+        ref = initial.get(_unsharded_name(key))
         if hasattr(value, "local_shards"):
+            if kernel == "key_value":
+                continue  # a placeholder of the table's shape: its rows live in the cache tiers
             for a, b in zip(value.local_shards(), other.local_shards()):
-                err = max(err, (a.tensor - b.tensor).abs().max().item())
-                ref = _slice(initial[_unsharded_name(name)], a.metadata)
-                moved = max(moved, (a.tensor - ref).abs().max().item())
+                err = max(err, _max_abs(a.tensor - b.tensor))
+                moved = max(moved, _max_abs(a.tensor - _slice(ref, a.metadata)))
         else:
-            err = max(err, (value - other).abs().max().item())
-    return {"fwd_err": 0.0, "weight_err": err, "moved": moved, "steps": done}
+            err = max(err, _max_abs(value - other))
+            if ref is not None and name != "eval":
+                moved = max(moved, _max_abs(value - ref))
+    if name == "eval":
+        moved = max(_max_abs(x) for x in outputs)  # nothing trains; the outputs must not be all zero
+    return {"fwd_err": fwd_err, "weight_err": err, "moved": moved, "steps": len(outputs)}
 
 
 def run_copy_case(pg: dist.ProcessGroup) -> Dict[str, Any]:
+    """``DMP.copy()``: the copy's outputs and weights equal the original's, and the copy trains. (Copied to the device
+    it is on, stock ``DMP.copy()`` shares the sharded tables' storage with the original: a step of either moves
+    both.)"""
     torch.manual_seed(0)
     module = make_module("ebc")
     apply_optimizer_in_backward(torch.optim.SGD, module.embedding_bags.parameters(), {"lr": LR})
@@ -339,20 +503,34 @@ def run_copy_case(pg: dist.ProcessGroup) -> Dict[str, Any]:
     finally:  # stock sharded_model_copy leaves these patched when it fails half-way
         torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__ = saved
     batch = make_batch(0, pg.rank())
-    err = (output_rows("ebc", copied(batch)) - output_rows("ebc", dmp(batch))).abs().max().item()
-    return {"fwd_err": err, "weight_err": 0.0, "moved": 1.0}
+    before = output_rows("ebc", dmp(batch)).detach()
+    err = _max_abs(output_rows("ebc", copied(batch)) - before)
+    original = {k: _local_rows(v) for k, v in dmp.state_dict().items()}
+    weight_err = max(_max_abs(_local_rows(v) - original[k]) for k, v in copied.state_dict().items())
+    loss_of("ebc", output_rows("ebc", copied(batch)), 0, seed=100 * pg.rank()).backward()  # trains the copy only
+    moved = max(_max_abs(_local_rows(v) - original[k]) for k, v in copied.state_dict().items())
+    return {"fwd_err": err, "weight_err": weight_err, "moved": moved}
+
+
+def _local_rows(value: Any) -> torch.Tensor:
+    """A state_dict entry as one local tensor (a ShardedTensor's local shards concatenated)."""
+    if hasattr(value, "local_shards"):
+        shards = [s.tensor.detach().reshape(-1) for s in value.local_shards()]
+        return torch.cat(shards).clone() if shards else torch.empty(0)
+    return value.detach().reshape(-1).clone()
 
 
 def run_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, Any]:
     try:
         if case["kind"] == "pipeline":
-            result = run_pipeline_case(pg)
+            result = run_pipeline_case(case, pg)
         elif case["kind"] == "copy":
             result = run_copy_case(pg)
         else:
             result = run_sharding_case(case, pg)
         result["error"] = ""
     except Exception as err:  # reported per case, so one failure does not hide the others
+        traceback.print_exc()  # at once: the other ranks may be left waiting in a collective
         result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
     # Every rank's numbers matter: take the worst over ranks.
     gathered: List[Any] = [None] * pg.size()
@@ -360,8 +538,8 @@ def run_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, Any]:
     merged = dict(case)
     merged["error"] = "; ".join(sorted({g["error"] for g in gathered if g["error"]}))
     merged["traceback"] = next((g.get("traceback", "") for g in gathered if g["error"]), "")
-    for key in ("fwd_err", "weight_err", "moved", "shards"):
-        values = [g[key] for g in gathered if key in g]
+    for key in ("fwd_err", "eval_err", "weight_err", "moved", "shards", "steps"):
+        values = [g[key] for g in gathered if g.get(key) is not None]
         merged[key] = max(values) if values else None
     return merged
 

@@ -6,7 +6,8 @@ One module per hook point (see README, "How TorchRec is hooked"):
 * H2 :mod:`.kernel_factory`: which kernel class a lookup builds (our hash, KEY_VALUE and device-fix kernels).
 * H3 :mod:`.planner_constants`: bandwidths for (device, kernel) pairs TorchRec has no figure for.
 * H4 :mod:`.pipeline_streams`: streams for train pipelines and ``record_stream`` after collectives.
-* H5 :mod:`.process_group`: ``DistributedModelParallel.copy()`` on builds without NCCL, and other PG plumbing.
+* H5 :mod:`.process_group`: ``DistributedModelParallel.copy()`` on builds without NCCL, and other PG plumbing;
+  :mod:`.uneven_collectives`: uneven reduce-scatter backward on backends that gather equal sizes only (gloo).
 * H6 :mod:`.sparse_ops`: fbgemm ops for devices that lack a kernel (host round trip); not a TorchRec patch.
 * :mod:`.hash_tables`: hash tables inside stock EmbeddingBagCollection/EmbeddingCollection and default sharders.
 """
@@ -27,6 +28,7 @@ def default_patches() -> List[Patch]:
         planner_constants,
         process_group,
         sharding_allowlist,
+        uneven_collectives,
     )
 
     return [
@@ -35,5 +37,6 @@ def default_patches() -> List[Patch]:
         *planner_constants.PATCHES,
         *pipeline_streams.PATCHES,
         *process_group.PATCHES,
+        *uneven_collectives.PATCHES,
         *hash_tables.PATCHES,
     ]

@@ -16,6 +16,12 @@ Covered, by patching ``__init__`` of:
 * ``StagedTrainPipeline`` (its ``_stream_context``; the stage streams are the caller's) and
   ``SparseDataDistUtil``, the stage helper that creates a default stream.
 
+Without streams (the CPU), ``PrefetchTrainPipelineSparseDist``'s prefetch step returns at once (``prefetch_embeddings``
+tests the data-dist stream), so its first ``progress()`` fails in ``PrefetchPipelinedForward``; the patched
+``prefetch_embeddings`` does the same steps in program order there (wait for the input dist, ``prefetch``, hand the
+batch to the forward). ``TrainPipelineSemiSync`` is refused (a ``ConfigError`` naming the alternatives) where
+TorchRec does not manage the streams: its lookup calls ``torch.cuda.current_stream()`` unconditionally.
+
 Not covered: ``DataLoadingThread`` sets the thread's current device only for cuda/mtia (one device per process is
 assumed on other devices); ``PipelinedPostproc`` records streams only for cuda/mtia tensors; the experimental
 pipelines and the 2D (``DMPCollection``) kernels create ``torch.cuda`` streams unconditionally.
@@ -120,6 +126,39 @@ def _wait_impl(original: Callable[..., Any]) -> Callable[..., Any]:
     return _wait_impl
 
 
+def _prefetch_without_streams(original: Callable[..., None]) -> Callable[..., None]:
+    def prefetch_embeddings(
+        context: Any, pipelined_modules: Any, device: Any, stream_context: Any, data_dist_stream: Any,
+        forward_stream: Any,
+    ) -> None:
+        if data_dist_stream is not None:
+            return original(context, pipelined_modules, device, stream_context, data_dist_stream, forward_stream)
+        for sharded_module in pipelined_modules:
+            name = sharded_module.forward._name
+            dist_input = context.input_dist_tensors_requests.pop(name).wait()
+            sharded_module.prefetch(ctx=context.module_contexts[name], dist_input=dist_input, forward_stream=None)
+            context.module_input_post_prefetch[name] = dist_input
+            context.module_contexts_post_prefetch[name] = context.module_contexts.pop(name)
+
+    return prefetch_embeddings
+
+
+def _refuse_semi_sync(original: Callable[..., None]) -> Callable[..., None]:
+    def __init__(self: Any, model: Any, optimizer: Any, device: Any, *args: Any, **kwargs: Any) -> None:
+        profile = backends.profile_for(getattr(device, "type", str(device)))
+        if profile is None or profile.streams is None or not profile.streams.managed_by_torchrec:
+            from torchrec_ascend.errors import ConfigError
+
+            raise ConfigError(
+                f"TrainPipelineSemiSync is not supported on {device}: its semi-synchronous embedding lookup "
+                "(EmbeddingPipelinedForward) runs on CUDA streams only. Use TrainPipelineSparseDist, "
+                "PrefetchTrainPipelineSparseDist or torchrec_ascend.HybridTrainPipelineSparseDist."
+            )
+        original(self, model, optimizer, device, *args, **kwargs)
+
+    return __init__
+
+
 def _init_patch(module: str, cls: str, wrapper: Callable[[Any], Any] = _after_init) -> Patch:
     return Patch.wrap(
         name=f"h4.streams_{cls}",
@@ -137,6 +176,22 @@ PATCHES = [
     _init_patch(_PIPELINES, "PrefetchTrainPipelineSparseDist"),
     _init_patch(_PIPELINES, "StagedTrainPipeline", _staged_after_init),
     _init_patch(_STAGES, "SparseDataDistUtil"),
+    Patch.wrap(
+        name="h4.prefetch_without_streams",
+        target=f"{_PIPELINES}:prefetch_embeddings",
+        requires=TORCHREC,
+        reason="PrefetchTrainPipelineSparseDist skips its prefetch step without a data-dist stream (CPU) and then "
+        "fails in PrefetchPipelinedForward; run the step in program order there",
+        wrapper=_prefetch_without_streams,
+    ),
+    Patch.wrap(
+        name="h4.semi_sync_needs_torchrec_streams",
+        target=f"{_PIPELINES}:TrainPipelineSemiSync.__init__",
+        requires=TORCHREC,
+        reason="TrainPipelineSemiSync's lookup calls torch.cuda.current_stream() unconditionally; refuse it with a "
+        "clear error where TorchRec does not manage the streams",
+        wrapper=_refuse_semi_sync,
+    ),
     Patch.wrap(
         name="h4.comm_record_stream",
         target="torchrec.distributed.comm_ops:Request._wait_impl",

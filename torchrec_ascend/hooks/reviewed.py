@@ -254,5 +254,19 @@ REVIEWED = {
             "1.8.0": "d180cdf60fe6e7e2",
             "1.9.2": "d180cdf60fe6e7e2"
         }
+    },
+    "h4.prefetch_without_streams": {
+        "target": "torchrec.distributed.train_pipeline.train_pipelines:prefetch_embeddings",
+        "digests": {
+            "1.8.0": "714da62d13ffc430",
+            "1.9.2": "714da62d13ffc430"
+        }
+    },
+    "h4.semi_sync_needs_torchrec_streams": {
+        "target": "torchrec.distributed.train_pipeline.train_pipelines:TrainPipelineSemiSync.__init__",
+        "digests": {
+            "1.8.0": "c0aad3fcf8d30fed",
+            "1.9.2": "c0aad3fcf8d30fed"
+        }
     }
 }
