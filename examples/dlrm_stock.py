@@ -10,12 +10,19 @@ Run with two ranks on CPU (gloo)::
 
 Data: ``torchrec.datasets.random.RandomRecDataset`` (random IDs and labels, so the loss stays near ln 2; the point
 is the mechanics: planning, sharding, input all-to-all, fused backward and optimizer).
+
+``--reference`` also trains the unsharded model (same initial weights, same optimizers) on the global batch, every
+rank's samples, and prints the largest difference between the two models' losses (the mean over ranks of the
+sharded model's loss is the unsharded model's loss on the global batch). ``--user-sharding table_wise`` puts every
+table on one rank, a plan stock TorchRec supports on CPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
+from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
@@ -43,6 +50,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Stock TorchRec DLRM on random data.")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch-size", type=int, default=256, help="per rank")
+    parser.add_argument("--reference", action="store_true", help="compare with the unsharded model")
+    parser.add_argument("--user-sharding", default="row_wise", help="sharding type of the user table")
     args = parser.parse_args()
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -66,11 +75,13 @@ def main() -> None:
             dense_device=device,
         )
     )
+    reference = unsharded_copy(model, tables) if args.reference else None
     apply_optimizer_in_backward(
         RowWiseAdagrad, model.model.sparse_arch.parameters(), {"lr": 0.05}
     )  # fused into the embedding kernels' backward
 
-    constraints = {f"t_{name}": ParameterConstraints(sharding_types=[sharding]) for name, _, sharding in TABLES}
+    shardings = {name: args.user_sharding if name == "user" else sharding for name, _, sharding in TABLES}
+    constraints = {f"t_{name}": ParameterConstraints(sharding_types=[shardings[name]]) for name, _, _ in TABLES}
     sharders = get_default_sharders()
     topology = TopologyFactory.create_topology(
         TrainerConfig(world_size=world), kernel_config=KernelConfig(compute_device=device.type)
@@ -90,17 +101,9 @@ def main() -> None:
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
 
-    data = RandomRecDataset(
-        keys=[f"f_{name}" for name, _, _ in TABLES],
-        batch_size=args.batch_size,
-        hash_sizes=[rows for _, rows, _ in TABLES],
-        ids_per_feature=4,
-        num_dense=NUM_DENSE,
-        manual_seed=rank,
-        num_batches=args.steps,
-        num_generated_batches=args.steps,  # no repeats: random labels cannot be memorised
-    )
-    batches = iter(data)
+    if reference is not None:
+        copy_embeddings(reference, dmp)
+    batches = iter(random_batches(rank, args))
     losses = []
     while True:
         try:
@@ -112,7 +115,83 @@ def main() -> None:
             print(f"step {len(losses)}: loss {sum(losses[-10:]) / 10:.4f}", flush=True)
     if rank == 0:
         print(f"trained {len(losses)} steps on {world} rank(s), {device.type}")
+    if reference is not None:
+        expected = train_unsharded(reference, world, args)
+        mean_losses = torch.tensor(losses)
+        dist.all_reduce(mean_losses)
+        mean_losses /= world
+        if rank == 0:
+            diff = (mean_losses - torch.tensor(expected)).abs().max().item()
+            print(f"unsharded reference: largest loss difference {diff:.3g} over {len(expected)} steps")
     dist.destroy_process_group()
+
+
+def random_batches(rank: int, args: argparse.Namespace) -> Any:
+    return RandomRecDataset(
+        keys=[f"f_{name}" for name, _, _ in TABLES],
+        batch_size=args.batch_size,
+        hash_sizes=[rows for _, rows, _ in TABLES],
+        ids_per_feature=4,
+        num_dense=NUM_DENSE,
+        manual_seed=rank,
+        num_batches=args.steps,
+        num_generated_batches=args.steps,  # no repeats: random labels cannot be memorised
+    )
+
+
+def unsharded_copy(model: torch.nn.Module, tables: List[EmbeddingBagConfig]) -> torch.nn.Module:
+    """The same model with its tables on the CPU (the sharded one is built on the meta device)."""
+    reference = copy.deepcopy(model)
+    torch.manual_seed(1)
+    reference.model.sparse_arch.embedding_bag_collection = EmbeddingBagCollection(tables=tables)
+    apply_optimizer_in_backward(RowWiseAdagrad, reference.model.sparse_arch.parameters(), {"lr": 0.05})
+    return reference
+
+
+def copy_embeddings(reference: torch.nn.Module, dmp: torch.nn.Module) -> None:
+    """Write the reference's table rows into the sharded model's shards (DMP initialises them itself)."""
+    weights: Dict[str, torch.Tensor] = {
+        name: value for name, value in reference.state_dict().items() if "embedding_bags" in name
+    }
+    with torch.no_grad():
+        for name, value in dmp.state_dict().items():
+            name = name[len("module."):] if name.startswith("module.") else name
+            if name in weights and hasattr(value, "local_shards"):
+                for shard in value.local_shards():
+                    (r0, c0), (rows, cols) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+                    shard.tensor.copy_(weights[name][r0:r0 + rows, c0:c0 + cols])
+
+
+def train_unsharded(reference: torch.nn.Module, world: int, args: argparse.Namespace) -> List[float]:
+    """Train the unsharded model on every rank's batches at once; its loss at each step."""
+    dense = torch.optim.Adagrad(dict(in_backward_optimizer_filter(reference.named_parameters())).values(), lr=0.05)
+    losses = []
+    for parts in zip(*[random_batches(r, args) for r in range(world)]):
+        batch = concat_batches(list(parts))
+        dense.zero_grad()
+        loss, _ = reference(batch)
+        loss.backward()
+        dense.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def concat_batches(parts: List[Any]) -> Any:
+    """One batch holding every part's samples, in rank order."""
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    keys = parts[0].sparse_features.keys()
+    per_key = [p.sparse_features.to_dict() for p in parts]
+    return Batch(
+        dense_features=torch.cat([p.dense_features for p in parts]),
+        sparse_features=KeyedJaggedTensor.from_lengths_sync(
+            keys=keys,
+            values=torch.cat([d[k].values() for k in keys for d in per_key]),
+            lengths=torch.cat([d[k].lengths() for k in keys for d in per_key]),
+        ),
+        labels=torch.cat([p.labels for p in parts]),
+    )
 
 
 if __name__ == "__main__":
