@@ -35,5 +35,20 @@ def test_adam_on_cpu_is_a_clear_error(hashed: bool) -> None:
         shard(torch.optim.Adam, hashed)
 
 
+def test_emainplace_rowwise_adagrad_on_cpu_is_refused() -> None:
+    """It runs in fbgemm's CPU TBE, but no oracle has checked its updates here: refused, naming the alternatives."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    ebc = torchrec.EmbeddingBagCollection(tables=[torchrec.EmbeddingBagConfig(
+        name="user", embedding_dim=8, num_embeddings=64, feature_names=["uid"])])
+    sharder = EmbeddingBagCollectionSharder(fused_params={
+        "optimizer": EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD, "learning_rate": 0.1})
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu")).plan(ebc, [sharder])
+    with pytest.raises(ConfigError, match=r"\[user\].*cannot fuse EMAINPLACE_ROWWISE_ADAGRAD.*EXACT_ROWWISE_ADAGRAD"):
+        DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                 device=torch.device("cpu"), plan=plan, sharders=[sharder])
+
+
 def test_supported_optimizer_shards() -> None:
     assert shard(torch.optim.Adagrad, hashed=True) is not None

@@ -90,8 +90,8 @@ def check_fused_optimizer(config: Any, device: Any) -> None:
 
         tables = ", ".join(t.name for t in config.embedding_tables)
         raise ConfigError(
-            f"tables [{tables}]: the {profile.name} backend cannot fuse {name} into backward (fbgemm supports "
-            f"{', '.join(profile.fused_optimizers)} there). Choose one of those, e.g. "
+            f"tables [{tables}]: the {profile.name} backend cannot fuse {name} into backward (it fuses "
+            f"{', '.join(profile.fused_optimizers)}). Choose one of those, e.g. "
             "apply_optimizer_in_backward(torch.optim.Adagrad, ...) or RowWiseAdagrad."
         )
 
