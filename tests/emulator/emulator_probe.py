@@ -228,8 +228,10 @@ def _rank(rank: int, store_file: str, queue: Any) -> None:
     facts["reduce_scatter"] = scattered.cpu().tolist()
     facts["all_gather_list"] = [p.cpu().tolist() for p in pieces]
     facts["host_all_reduce"] = host.tolist()
-    facts["mixed_error"] = _error(lambda: dist.all_reduce(torch.ones(1, device=device), group=dist.new_group(
-        [0, 1], backend="gloo")))
+    gloo_only = dist.new_group([0, 1], backend="gloo")
+    dist.barrier()  # both ranks finished connecting the new group
+    facts["mixed_error"] = _error(lambda: dist.all_reduce(torch.ones(1, device=device), group=gloo_only))
+    dist.barrier()
     dist.destroy_process_group()
     queue.put((rank, facts))
     os._exit(0)
@@ -389,7 +391,56 @@ def _sharded_rank(rank: int, store_file: str, queue: Any) -> None:
     os._exit(0)
 
 
+def pipeline() -> Dict[str, Any]:
+    """Stock TrainPipelineSparseDist (streams from the npu profile, H4) and DMP.copy (H5) on one emulated npu."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    emulated_npu.install()
+    from torchrec_ascend.backends.npu import NPU
+    from torchrec_ascend.hooks.sparse_ops import register_host_fallbacks
+
+    register_host_fallbacks(NPU)
+    store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+    dist.init_process_group("cpu:gloo,npu:hccl", store=store, rank=0, world_size=1)
+    import torchrec
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ebc = torchrec.EmbeddingBagCollection(tables=[torchrec.EmbeddingBagConfig(
+                name="t1", embedding_dim=8, num_embeddings=40, feature_names=["f1"])], device=torch.device("meta"))
+
+        def forward(self, kjt: KeyedJaggedTensor) -> Any:
+            loss = self.ebc(kjt).values().sum()
+            return loss, loss.detach()
+
+    device = torch.device("npu", 0)
+    model = DistributedModelParallel(Model(), device=device)
+    optimizer = KeyedOptimizerWrapper(dict(model.named_parameters()), lambda p: torch.optim.SGD(p, lr=0.1))
+    pipe = TrainPipelineSparseDist(model, optimizer, device)
+    batches = iter([KeyedJaggedTensor.from_lengths_sync(
+        keys=["f1"], values=torch.tensor([1, 2, 3]) + i, lengths=torch.tensor([2, 1])) for i in range(3)])
+    losses = []
+    for _ in range(3):
+        losses.append(str(pipe.progress(batches).device))
+    copy = model.copy(device)
+    return {
+        "streams": [type(pipe._memcpy_stream).__name__, pipe._memcpy_stream.device_type == 20,
+                    pipe._data_dist_stream.priority],
+        "losses": losses,
+        "copy_devices": sorted({str(p.device) for p in copy.parameters() if p.numel() > 0}),
+        "copy_shares_group": copy._env.process_group is model._env.process_group,
+    }
+
+
 PROGRAMS: Dict[str, Callable[[], Dict[str, Any]]] = {
+    "pipeline": pipeline,
     "sharded": sharded,
     "device": device,
     "fbgemm": fbgemm,

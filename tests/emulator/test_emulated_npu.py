@@ -26,7 +26,7 @@ def _program(name: str) -> Dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def children() -> Dict[str, "Future[Dict[str, Any]]"]:
-    return start_all({name: _program(name) for name in ("collectives", "sharded", "device", "fbgemm", "tbe", "ebc")})
+    return start_all({name: _program(name) for name in ("collectives", "sharded", "device", "fbgemm", "tbe", "ebc", "pipeline")})
 
 
 @pytest.fixture(scope="module")
@@ -183,3 +183,10 @@ def test_stock_dmp_on_two_emulated_npus_equals_the_cpu_run(
         assert r["trained"] is True
         assert r["devices"] == [f"npu:{rank}"]  # every non-empty parameter and the output
         assert r["placements"] == ["rank:0/npu:0", "rank:1/npu:1"]
+
+
+def test_stock_pipeline_and_model_copy_on_npu(children: Dict[str, "Future[Dict[str, Any]]"]) -> None:
+    facts = children["pipeline"].result()
+    assert facts["streams"] == ["Stream", True, -1]  # torch.npu streams, the npu profile's data_dist priority
+    assert facts["losses"] == ["npu:0"] * 3
+    assert facts["copy_devices"] == ["npu:0"] and facts["copy_shares_group"] is True

@@ -58,10 +58,6 @@ c10::TensorOptions device_options(const at::Tensor& like, c10::Device device) {
   return like.options().device(device);
 }
 
-at::Tensor to_device(const at::Tensor& host, c10::Device device) {
-  return device_copy(host, device);
-}
-
 bool allows_cpu_indices(const c10::OperatorName& name) {
   static const std::set<std::string> ops = {"aten::index", "aten::index_put_", "aten::index_put",
                                             "aten::_index_put_impl_", "aten::_unsafe_index"};
@@ -81,7 +77,7 @@ class DeviceCheck {
  public:
   explicit DeviceCheck(const c10::OperatorHandle& op) : op_(op) {}
 
-  void add(const at::Tensor& tensor) {
+  void add(const at::Tensor& tensor, const std::string& argument) {
     if (!tensor.defined()) {
       return;
     }
@@ -90,10 +86,11 @@ class DeviceCheck {
       if (!device_) {
         device_ = device;
       } else if (*device_ != device) {
-        fail(*device_, device);
+        fail(*device_, device, argument);
       }
     } else if (!(device.is_cpu() && tensor.dim() == 0) && !other_) {
       other_ = device;
+      other_argument_ = argument;
     }
   }
   void add_device_argument(c10::Device device) {
@@ -103,19 +100,21 @@ class DeviceCheck {
   }
   std::optional<c10::Device> finish() {
     if (device_ && other_ && !(other_->is_cpu() && allows_cpu_indices(op_.schema().operator_name()))) {
-      fail(*device_, *other_);
+      fail(*device_, *other_, other_argument_);
     }
     return device_;
   }
 
  private:
-  [[noreturn]] void fail(c10::Device a, c10::Device b) const {
+  [[noreturn]] void fail(c10::Device a, c10::Device b, const std::string& argument) const {
     TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", a,
-                " and ", b, "! (operator ", op_.schema().operator_name(), " on the emulated npu)");
+                " and ", b, "! (when checking argument '", argument, "' of ", op_.schema().operator_name(),
+                " on the emulated npu)");
   }
   const c10::OperatorHandle& op_;
   std::optional<c10::Device> device_;
   std::optional<c10::Device> other_;
+  std::string other_argument_;
 };
 
 struct Written {
@@ -136,7 +135,7 @@ void write_back(const Written& w) {
     }
     return;
   }
-  at::Tensor fresh = to_device(host, w.device.device());
+  at::Tensor fresh = device_copy(host, w.device.device());
   at::Tensor device = w.device;
   device.set_(fresh);
 }
@@ -164,7 +163,7 @@ at::Tensor view_or_copy(const at::Tensor& result, const AliasedInput* input, c10
     view.set_(source.storage(), result.storage_offset(), result.sizes(), result.strides());
     return view;
   }
-  return to_device(result, device);
+  return device_copy(result, device);
 }
 
 void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -176,16 +175,17 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   bool bool_index = false;
   for (size_t i = 0; i < arguments.size(); ++i) {
     const c10::IValue& value = (*stack)[begin + i];
+    const std::string& name = arguments[i].name();
     if (value.isTensor()) {
-      check.add(value.toTensor());
+      check.add(value.toTensor(), name);
     } else if (value.isTensorList()) {
       for (const at::Tensor& t : value.toTensorVector()) {
-        check.add(t);
+        check.add(t, name);
       }
     } else if (value.isOptionalTensorList()) {
       for (const auto& t : value.toOptionalTensorVector()) {
         if (t.has_value()) {
-          check.add(*t);
+          check.add(*t, name);
           bool_index |= t->defined() && (t->scalar_type() == at::kBool || t->scalar_type() == at::kByte);
         }
       }
@@ -258,7 +258,7 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     } else if (value.isTensorList() && target) {
       c10::List<at::Tensor> devices;
       for (const at::Tensor& host : value.toTensorVector()) {
-        devices.push_back(to_device(host, *target));
+        devices.push_back(device_copy(host, *target));
       }
       value = devices;
     } else if (value.isScalar() || value.isBool() || value.isInt() || value.isDouble()) {
