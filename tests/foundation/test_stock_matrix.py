@@ -25,7 +25,7 @@ SPLIT_TYPES = {"column_wise", "table_column_wise", "row_wise", "table_row_wise",
 VARIANTS: Dict[str, Dict[str, Any]] = {
     "variable": {"batch": "variable", "ebc": ["table_wise", "row_wise", "table_row_wise", "column_wise"],
                  "ec": ["table_wise", "row_wise"]},
-    "empty": {"batch": "empty", "ebc": ["table_wise", "row_wise", "table_row_wise"]},
+    "empty": {"batch": "empty", "ebc": ["table_wise", "row_wise", "table_row_wise"], "ec": ["table_wise", "row_wise"]},
     "vbe": {"batch": "vbe", "optimizer": "rowwise_adagrad", "ebc": ["table_wise", "row_wise", "table_row_wise"]},
     "mean": {"pooling": "mean", "ebc": ["table_wise", "row_wise", "table_row_wise", "column_wise"]},
     "weighted": {"weighted": True, "ebc": ["table_wise", "row_wise", "table_row_wise"]},

@@ -268,5 +268,12 @@ REVIEWED = {
             "1.8.0": "c0aad3fcf8d30fed",
             "1.9.2": "c0aad3fcf8d30fed"
         }
+    },
+    "h5.empty_sequence_batch": {
+        "target": "torchrec.distributed.embedding:construct_jagged_tensors",
+        "digests": {
+            "1.8.0": "878bc61d072de088",
+            "1.9.2": "a7bd032ea8e7feb0"
+        }
     }
 }
