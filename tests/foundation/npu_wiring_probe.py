@@ -27,6 +27,7 @@ from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage, Sp
 from torchrec.distributed.utils import sharded_model_copy
 
 from torchrec_ascend import backends
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hooks import process_group, sparse_ops
 from torchrec_ascend.injection import autoload
 
@@ -76,7 +77,6 @@ def pipelines() -> Dict[str, Any]:
         "TrainPipelineFusedSparseDist": train_pipelines.TrainPipelineFusedSparseDist(
             model, optimizer, npu, emb_lookup_stream="new"
         ),
-        "TrainPipelineSemiSync": train_pipelines.TrainPipelineSemiSync(model, optimizer, npu),
         "PrefetchTrainPipelineSparseDist": train_pipelines.PrefetchTrainPipelineSparseDist(model, optimizer, npu),
         "EvalPipelineSparseDist": train_pipelines.EvalPipelineSparseDist(model, optimizer, npu),
         "TrainPipelineSparseDistLite": train_pipelines.TrainPipelineSparseDistLite(model, optimizer, npu),
@@ -85,7 +85,13 @@ def pipelines() -> Dict[str, Any]:
         ),
         "SparseDataDistUtil": SparseDataDistUtil(model, data_dist_stream=torch.npu.Stream()),
     }
-    return {name: stream_facts(pipeline) for name, pipeline in built.items()}
+    facts = {name: stream_facts(pipeline) for name, pipeline in built.items()}
+    try:  # refused where TorchRec does not manage the device's streams (its lookup runs on CUDA streams only)
+        train_pipelines.TrainPipelineSemiSync(model, optimizer, npu)
+        facts["TrainPipelineSemiSync"] = {"refused": ""}
+    except ConfigError as err:
+        facts["TrainPipelineSemiSync"] = {"refused": str(err)}
+    return facts
 
 
 class NpuLookingTensor(torch.Tensor):

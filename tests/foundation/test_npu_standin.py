@@ -161,7 +161,6 @@ PIPELINE_STREAMS = {
         "_data_dist_stream": "data_dist",
         "_emb_lookup_stream": "emb_lookup",
     },
-    "TrainPipelineSemiSync": {"_memcpy_stream": "memcpy", "_data_dist_stream": "data_dist"},
     "PrefetchTrainPipelineSparseDist": {
         "_memcpy_stream": "memcpy",
         "_data_dist_stream": "data_dist",
@@ -188,6 +187,11 @@ def test_pipelines_get_npu_streams_with_the_profile_priorities(probe: Dict[str, 
             assert stream["priority"] == NPU.streams.priorities[role]
     if pipeline == "TrainPipelineSparseDistLite":
         assert facts["_data_dist_stream"] is None, "Lite drops its data-dist stream on purpose"
+
+
+def test_semi_sync_pipeline_is_refused_on_npu_naming_the_alternatives(probe: Dict[str, Any]) -> None:
+    refused = probe["pipelines"]["TrainPipelineSemiSync"]["refused"]
+    assert "TrainPipelineSemiSync is not supported on npu" in refused and "TrainPipelineSparseDist" in refused
 
 
 def test_collective_outputs_are_recorded_on_the_npu_stream(probe: Dict[str, Any]) -> None:
