@@ -439,7 +439,22 @@ def pipeline() -> Dict[str, Any]:
     }
 
 
+def activation() -> Dict[str, Any]:
+    """The torchrec-ascend backend selection once the emulator is installed (no torch_npu here)."""
+    from torchrec_ascend import backends
+    from torchrec_ascend.hooks import sparse_ops
+
+    facts: Dict[str, Any] = {"before": sorted(backends.profiles())}
+    emulated_npu.install()
+    profile = backends.activate()
+    facts.update(name=profile.name, device_type=profile.device_type, collective=profile.collective_backend,
+                 description=profile.description, by_type=backends.profile_for("npu").name,
+                 host_fallbacks=sparse_ops.REGISTERED, after=sorted(backends.profiles()))
+    return facts
+
+
 PROGRAMS: Dict[str, Callable[[], Dict[str, Any]]] = {
+    "activation": activation,
     "pipeline": pipeline,
     "sharded": sharded,
     "device": device,

@@ -26,7 +26,7 @@ def _program(name: str) -> Dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def children() -> Dict[str, "Future[Dict[str, Any]]"]:
-    return start_all({name: _program(name) for name in ("collectives", "sharded", "device", "fbgemm", "tbe", "ebc", "pipeline")})
+    return start_all({name: _program(name) for name in ("collectives", "sharded", "device", "fbgemm", "tbe", "ebc", "pipeline", "activation")})
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +190,12 @@ def test_stock_pipeline_and_model_copy_on_npu(children: Dict[str, "Future[Dict[s
     assert facts["streams"] == ["Stream", True, -1]  # torch.npu streams, the npu profile's data_dist priority
     assert facts["losses"] == ["npu:0"] * 3
     assert facts["copy_devices"] == ["npu:0"] and facts["copy_shares_group"] is True
+
+
+def test_installed_emulator_is_the_npu_emulated_backend(children: Dict[str, "Future[Dict[str, Any]]"]) -> None:
+    facts = children["activation"].result()
+    assert "npu_emulated" not in facts["before"] and "npu_emulated" in facts["after"]
+    assert [facts["name"], facts["device_type"], facts["collective"]] == ["npu_emulated", "npu", "hccl"]
+    assert facts["description"].startswith("EMULATED npu") and facts["by_type"] == "npu"
+    # activation gave the withheld op (and the op without any kernel) the H6 host round trip
+    assert facts["host_fallbacks"] == ["fbgemm::block_bucketize_sparse_features", "fbgemm::jagged_unique_indices"]

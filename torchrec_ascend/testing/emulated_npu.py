@@ -3,7 +3,9 @@
 :func:`install` presents the device the way torch_npu does: PrivateUse1 renamed ``npu``, ``torch.npu`` (see
 :mod:`torchrec_ascend.testing.device_module`), ``Tensor.npu()``/``is_npu``, pinned host memory, and the collective
 backend ``"hccl"`` registered for ``devices=["npu"]`` (so ``init_process_group("cpu:gloo,npu:hccl")`` and the npu
-profile's ``collective_backend`` work unchanged; the backend class is ``EmulatedHccl``, over gloo).
+profile's ``collective_backend`` work unchanged; the backend class is ``EmulatedHccl``, over gloo), and the
+torchrec-ascend device backend ``npu_emulated`` (:mod:`torchrec_ascend.testing.backend`: the npu profile without
+torch_npu to import; ``TORCHREC_ASCEND_DEVICE=npu_emulated``, or chosen automatically while torch_npu is absent).
 
 Device memory is the emulator's own: an op mixing npu and CPU tensors fails as on hardware ("Expected all tensors
 to be on the same device", 0-dim CPU scalars and CPU index tensors of indexing ops allowed, as torch allows them
@@ -203,6 +205,10 @@ def install(device_count: int = 8, withhold: Iterable[str] = WITHHELD_BY_DEFAULT
 
             if dist.is_available():
                 dist.Backend.register_backend(COLLECTIVE_BACKEND, _create_collective_backend, devices=[DEVICE_TYPE])
+            from torchrec_ascend.plugin_manager import get_plugin_manager
+            from torchrec_ascend.testing import backend
+
+            get_plugin_manager().register(backend, name=backend.NAME)
             _installed = True
         elif int(device_count) != int(_extension().device_count()):
             raise BackendError(
