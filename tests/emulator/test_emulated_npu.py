@@ -26,7 +26,8 @@ def _program(name: str) -> Dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def children() -> Dict[str, "Future[Dict[str, Any]]"]:
-    return start_all({name: _program(name) for name in ("collectives", "sharded", "device", "fbgemm", "tbe", "ebc", "pipeline", "activation")})
+    names = ("collectives", "sharded", "device", "fbgemm", "tbe", "ebc", "pipeline", "activation")
+    return start_all({name: _program(name) for name in names})
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,9 @@ API (everything else is private)::
 
 ``install()`` also registers the torchrec-ascend device backend ``npu_emulated``
 (:mod:`torchrec_ascend.testing.backend`: the npu profile minus torch_npu; ``TORCHREC_ASCEND_DEVICE=npu_emulated``
-or ``auto``; ``TORCHREC_ASCEND_DEVICE=npu`` still means the real stack). After ``install()``, ``torch.npu`` is :mod:`torchrec_ascend.testing.device_module` (is_available, device_count,
+or ``auto``; ``TORCHREC_ASCEND_DEVICE=npu`` still means the real stack).
+
+After ``install()``, ``torch.npu`` is :mod:`torchrec_ascend.testing.device_module` (is_available, device_count,
 current_device, set_device, synchronize, Stream, Event, stream, current_stream, default_stream, set_stream,
 memory_allocated, ...).
 """

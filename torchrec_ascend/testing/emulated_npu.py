@@ -18,7 +18,8 @@ for CUDA); reading device data on the host goes through a copy, and every such c
   whose result is a number or truth value (``torch.equal``), and ops whose output size depends on the data
   (``nonzero``, ``unique``, ``masked_select``, boolean-mask indexing, ``bincount``).
 
-fbgemm's ops get device kernels built over fbgemm's CPU kernels, standing in for fbgemm-ascend;
+fbgemm's ops get device kernels built over fbgemm's CPU kernels, standing in for fbgemm-ascend (TBE's training
+lookups on the accelerator layout too: :mod:`torchrec_ascend.testing.tbe`);
 :func:`withhold_ops` takes named ones away (they then have no npu kernel, as on SoCs where fbgemm-ascend lacks
 them), so torchrec-ascend's host fallback (H6) registers its round trip for them. Operators of any other
 namespace without a PrivateUse1 kernel fail on npu tensors, as a CPU-only op does on hardware.
