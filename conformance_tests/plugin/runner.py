@@ -81,7 +81,8 @@ def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
 
     Wraps the forward of every hash kernel (``fused_hash``, ``key_value``: ID mapping, new rows, the lookup) and of
     every hash row-wise input dist (``row_wise_input_dist``), and the index dedup (``index_dedup``), of this process.
-    Each training call adds its copies and syncs and one ``steps``. Returns the live totals (kernel -> ``steps``,
+    Each call after the first (one-time setup: 1 more device-to-host copy and sync per kernel was seen
+    there) adds its copies and syncs and one ``steps``. Returns the live totals (kernel -> ``steps``,
     ``h2d``, ``d2h``, ``syncs``, and ``tables``: the most tables one call serves): put them under the case's
     ``transfers`` key. Without the emulator: ``{}``, nothing
     wrapped. Use it where one thread trains (a pipeline's host threads would add their copies to the lookup's).
@@ -103,9 +104,14 @@ def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
 
     totals = _COUNTING["totals"] = {}
 
-    def counted(name: str, fn: Callable[..., Any], tables: int = 1) -> Callable[..., Any]:
+    def counted(name: str, fn: Callable[..., Any], tables: int = 1, method: bool = False) -> Callable[..., Any]:
+        seen: Set[int] = set()
+
         def call(*args: Any, **kwargs: Any) -> Any:
-            if not torch.is_grad_enabled():
+            # A kernel's first call sets up fbgemm's views (one more copy and sync was seen there): not a step.
+            owner = id(args[0]) if method else id(fn)
+            if owner not in seen:
+                seen.add(owner)
                 return fn(*args, **kwargs)
             before = emulator.counters()
             try:
@@ -122,12 +128,11 @@ def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
         if isinstance(kernel, HashRows):
             name = "key_value" if isinstance(kernel, KeyValueRows) else "fused_hash"
             kernel.forward = counted(name, kernel.forward, kernel.num_tables)
-    for module in (m for model in models for m in model.modules()):
-        for input_dist in getattr(module, "_input_dists", None) or []:
-            if isinstance(input_dist, HashRwSparseFeaturesDist):
-                input_dist.forward = counted("row_wise_input_dist", input_dist.forward)
-    if not isinstance(index_dedup.dedup_per_table, functools.partial):  # the process's dedup, wrapped once
+    # Input dists are made at a module's first forward: the class and the dedup function are wrapped, once.
+    if not isinstance(index_dedup.dedup_per_table, functools.partial):
         index_dedup.dedup_per_table = functools.partial(counted("index_dedup", index_dedup.dedup_per_table))
+        HashRwSparseFeaturesDist.forward = counted("row_wise_input_dist", HashRwSparseFeaturesDist.forward,
+                                                   method=True)
     return totals
 
 
