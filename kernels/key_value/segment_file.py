@@ -3,9 +3,10 @@
 Writes are positional (``os.pwrite`` at ``count * record_bytes``), so the in-memory ``count`` is the truth: a
 failed write is rolled back by resetting ``count``, and stray bytes past it are overwritten by the next write.
 Reads gather records by offset from a read-only ``mmap`` of the open descriptor, so the file stays readable even
-if its directory entry goes away, and one numpy fancy-index reads a whole batch; afterwards the mapped pages are
-dropped from the process (``MADV_DONTNEED``: they stay in the page cache), so reading a file many times the size
-of memory never shows as this process's memory.
+if its directory entry goes away, and one numpy fancy-index reads a whole batch (``MADV_RANDOM``: a page fault reads
+its page, not the kernel's default read-around of 32 pages, which would multiply random reads by 32); afterwards
+the mapped pages are dropped from the process (``MADV_DONTNEED``: they stay in the page cache), so reading a file
+many times the size of memory never shows as this process's memory.
 
 Untrusted input: the file's name is made here from its number (a plain name inside the store's own folder, opened
 without following symlinks, never an existing file), and every read checks its offsets against the records written
@@ -136,6 +137,7 @@ class SegmentFile:
         if self._view is None or high >= self._view.shape[0]:
             self._unmap()
             self._map = mmap.mmap(self._fd, readable * self.record_bytes, access=mmap.ACCESS_READ)
+            self._map.madvise(mmap.MADV_RANDOM)  # no read-around: a 4 KiB page per record, not 128 KiB
             self._view = np.frombuffer(self._map, dtype=np.uint64).reshape(readable, self.words)
         records = self._view[offsets]
         self._map.madvise(mmap.MADV_DONTNEED)
