@@ -155,13 +155,14 @@ def test_tbe_on_the_accelerator_layout_trains_like_fbgemm_cpu(
     children: Dict[str, "Future[Dict[str, Any]]"], optimizer: str
 ) -> None:
     steps = children["tbe"].result()[optimizer]
-    assert len(steps) == 3
+    assert len(steps) == 4  # the last one's loss is a plain sum: its gradient is a temporary on the device
     for step in steps:
         assert step["output_equal"] is True and step["weights_diff"] == 0.0
         assert step["device"] == step["weights_device"] == "npu:0"
     # per step: the batch's indices and offsets go up; nothing comes back (fbgemm's rowwise adagrad reads one
     # 8-byte scalar on its first step only)
-    assert [s["counts"] for s in steps[1:]] == [counts(h2d=2, h2d_bytes=96)] * 2
+    assert [s["counts"] for s in steps[1:3]] == [counts(h2d=2, h2d_bytes=96)] * 2
+    assert steps[3]["counts"] == counts(h2d=2, h2d_bytes=96, d2d=1)  # the expanded gradient made dense
 
 
 def test_stock_embedding_bag_collection_on_npu(children: Dict[str, "Future[Dict[str, Any]]"]) -> None:

@@ -6,7 +6,10 @@ fbgemm's TBE (``SplitTableBatchedEmbeddingBagsCodegen``) with ``EmbeddingLocatio
 the emulator each such op gets an ``AutogradPrivateUse1`` kernel that hands fbgemm's CPU path host aliases of the
 same device memory in the CPU layout (``[host, placements, offsets]``) and bridges autograd: the backward runs
 fbgemm's fused CPU backward, whose optimizer update lands in the device tensors. Forward output and gradients
-move between the two without counted traffic (on hardware they never leave the device).
+move between the two without counted traffic (on hardware they never leave the device). A host alias does not
+own its memory: the bridge holds every device tensor it aliased (the lookup's arguments until the backward has
+run, the gradient until fbgemm's backward returns), else the allocator reuses the memory under fbgemm's saved
+indices or its gradient (seen as garbage rows after a ``.sum().backward()``, whose gradient is a temporary).
 
 Example::
 
@@ -53,19 +56,22 @@ def _cpu_layout(name: str, value: Any) -> Any:
 
 class _Bridge(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, placeholder: torch.Tensor, run: Any) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, placeholder: torch.Tensor, run: Any, aliased: Any) -> torch.Tensor:  # type: ignore[override]
         with torch.enable_grad():
             host_out = run()
         ctx.host_out = host_out
+        ctx.aliased = aliased  # fbgemm saved host aliases of these for its backward
         return _ext().device_copy(host_out.detach(), placeholder.device.index or 0)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[None, None, None]:  # type: ignore[override]
         host_out = ctx.host_out
         del ctx.host_out
         if host_out.requires_grad:
-            host_out.backward(_host(grad.contiguous()))
-        return None, None
+            dense = grad.contiguous()  # may be a temporary: held while fbgemm reads its alias
+            host_out.backward(_host(dense))
+        del ctx.aliased
+        return None, None, None
 
 
 def _kernel(op: Any) -> Any:
@@ -80,7 +86,7 @@ def _kernel(op: Any) -> Any:
             host_args[0] = host_placeholder
         else:
             host_kwargs["placeholder_autograd_tensor"] = host_placeholder
-        return _Bridge.apply(placeholder, lambda: op(*host_args, **host_kwargs))
+        return _Bridge.apply(placeholder, lambda: op(*host_args, **host_kwargs), (args, kwargs))
 
     return lookup
 
