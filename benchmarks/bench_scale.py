@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -255,7 +255,8 @@ def train(name: str, dmp: Any, dense: Any, traffic: Traffic, warmup: int, steps:
         "ids_per_step": traffic.batch * traffic.pooling,
         "cache_hit_rate": d["hits"] / max(1, d["lookups"]),
         "swapped_in_per_step": d["swapped_in"] / steps, "initialised_per_step": d["initialised"] / steps,
-        "host_share_of_swapped_in": d["host_reads"] / swapped_in, "disk_share_of_swapped_in": d["disk_reads"] / swapped_in,
+        "host_share_of_swapped_in": d["host_reads"] / swapped_in,
+        "disk_share_of_swapped_in": d["disk_reads"] / swapped_in,
         "disk_records_read_per_step": d["disk_records_read"] / steps,
         "disk_records_written_per_step": d["disk_records_written"] / steps,
         "disk_tier_MB_read_per_step": d["disk_records_read"] * record_bytes / steps / 1e6,
@@ -337,7 +338,8 @@ def section(args: argparse.Namespace, r: Dict[str, Any]) -> str:
                                                f"{'met' if ratio >= TARGET else 'NOT met'})")):
         lines.append(
             f"| {m['name']} | {m['steps_per_s']:.2f} | {vs} | {m['cache_hit_rate']:.3f} | "
-            f"{m['swapped_in_per_step']:.0f} ({m['host_share_of_swapped_in']:.2f} / {m['disk_share_of_swapped_in']:.2f})"
+            f"{m['swapped_in_per_step']:.0f} ({m['host_share_of_swapped_in']:.2f} / "
+            f"{m['disk_share_of_swapped_in']:.2f})"
             f" | {m['disk_records_read_per_step']:.0f} / {m['disk_records_written_per_step']:.0f} | "
             f"{m['device_MB_read_per_step']:.1f} / {m['device_MB_written_per_step']:.1f} |")
     lines += [
@@ -413,7 +415,8 @@ def main() -> None:
     need = needed_disk(args)
     if free < need:
         sys.exit(f"bench_scale: refusing to start: {args.dir} has {gb(free)} free, the run needs {gb(need)} "
-                 f"(table segments or checkpoints, and --reserve-gib for others); free space or pass smaller --rows/--ckpt-rows")
+                 f"(table segments or checkpoints, and --reserve-gib for others); free space or pass smaller "
+                 f"--rows/--ckpt-rows")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_scale: terminated"))  # finally-blocks clean up
     os.makedirs(work)
     try:

@@ -398,7 +398,8 @@ class DiskStore:
                     other_part, other_fingerprint, _ = self._hash(got[others, 0].view(np.int64))
                     misplaced = (other_part != part[who[others]]) | (other_fingerprint != fingerprint[who[others]])
                     if misplaced.any():
-                        self._raise_damaged(locations[others[misplaced]], keys[torch.from_numpy(who[others[misplaced]])])
+                        bad = others[misplaced]
+                        self._raise_damaged(locations[bad], keys[torch.from_numpy(who[bad])])
                 records[who[mine]] = got[mine]
                 hit[candidates] = mine
             return hit

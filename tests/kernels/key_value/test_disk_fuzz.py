@@ -51,7 +51,8 @@ DAMAGE = st.lists(
 
 def rows_for(n: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(-(2**31), 2**31, (n, WIDTH), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    bits = torch.randint(-(2**31), 2**31, (n, WIDTH), generator=g, dtype=torch.int64)
+    return bits.to(torch.int32).view(torch.float32)
 
 
 def as_bytes(row: torch.Tensor) -> bytes:
