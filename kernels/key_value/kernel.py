@@ -30,6 +30,7 @@ in three tiers); :func:`cache_metrics` reports what is where, and the checkpoint
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import dataclasses
@@ -124,6 +125,22 @@ def zeros_without_memory(rows: int, cols: int) -> torch.Tensor:
     import numpy as np
 
     return torch.from_numpy(reserve(np.float32, rows * cols)).view(rows, cols)
+
+
+def on_the_host(tables: List[Any]) -> List[Any]:
+    """Copies of shard table configs whose shard placement is the host (same rank), as stock TorchRec's own
+    KEY_VALUE kernel reports its shards: the rows live in host and disk tiers, and a contiguous placeholder of a
+    table's shape on an accelerator would cost its memory (a zero-stride one is refused by ShardedTensor).
+
+    Example::
+
+        on_the_host(config.embedding_tables)[0].local_metadata.placement.device()   # device(type='cpu')
+    """
+    copies = copy.deepcopy(tables)
+    for table in copies:
+        placement = table.local_metadata.placement
+        table.local_metadata.placement = torch.distributed._remote_device(f"rank:{placement.rank()}/cpu")
+    return copies
 
 
 class KeyValueRows(HashRows):
@@ -323,7 +340,8 @@ class KeyValueRows(HashRows):
             zeros_without_memory(rows, cols)
             for rows, cols in zip(self._shard_rows, self._local_cols)  # type: ignore[attr-defined]
         ]
-        return get_state_dict(self._shard_tables, placeholders, self._pg, destination, prefix)  # type: ignore
+        return get_state_dict(on_the_host(self._shard_tables), placeholders, self._pg, destination,  # type: ignore
+                              prefix)
 
 
 class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
