@@ -46,7 +46,7 @@ COMPUTE_KERNELS = frozenset(
         "unfused_tpu",
     }
 )
-#: ``fbgemm_gpu.split_embedding_configs.EmbOptimType`` names.
+#: ``fbgemm_gpu.split_embedding_configs.EmbOptimType`` names (``ROWWISE_RMSPROP_AR`` is new in 1.9).
 FUSED_OPTIMIZERS = frozenset(
     {
         "SGD",
@@ -65,6 +65,7 @@ FUSED_OPTIMIZERS = frozenset(
         "EXACT_ROWWISE_WEIGHTED_ADAGRAD",
         "ENSEMBLE_ROWWISE_ADAGRAD",
         "EMAINPLACE_ROWWISE_ADAGRAD",
+        "ROWWISE_RMSPROP_AR",
         "NONE",
     }
 )
