@@ -195,21 +195,44 @@ def emulated_npu() -> None:
 EMULATED = ["conformance", "--device", "npu", "--emulate", "--quick"]
 
 
-@pytest.mark.xfail(strict=True, reason="the emulated TBE's fused optimizer updates rows wrongly under DMP (stock "
-                   "EmbeddingBagCollection, table_wise, SGD lr=1: the update of row 1 is [5.11, 0, 0, 0], not -1 in "
-                   "every column); remove this mark when torchrec_ascend/testing/tbe.py is fixed")
-def test_the_emulated_npu_run_passes_on_npu(emulated_npu: None, tmp_path: Path) -> None:
-    """The suite on the emulated NPU: every case passes, every training check ran on npu, and the per-kernel copy
-    and sync counts are printed (this is how CI runs the accelerator path)."""
-    status, output, outcomes = run_cli(EMULATED, tmp_path, {})
-    assert status == 0 and "failed" not in outcomes.values(), output
+#: Checks that do not pass on the emulated NPU yet, and why (README, Devices). Every other check must pass there,
+#: and each of these must still fail: one that starts passing fails this test until it leaves the list.
+NOT_YET_ON_THE_EMULATOR = {
+    "sharding": "stock/sharding_matrix.py still builds on the CPU (it reports 'ran on cpu, not npu')",
+    "checkpoint": "a round trip leaves a parameter on the CPU after loading; a reshard into KEY_VALUE trains 0.1 off",
+}
+
+
+def summary_rows(output: str) -> Dict[str, List[str]]:
+    """Check name -> its row of the summary table (cases, passed, failed, skipped, seconds, ran on)."""
     table = output[output.index("conformance summary"):]
-    for check in ("hash_tables", "key_value", "pipeline", "checkpoint"):
-        row = next(line for line in table.splitlines() if line.startswith(check + " "))
-        assert row.split()[-1] == "npu", f"{check} did not report npu residency: {row}"
-    assert "copies and host syncs per training step on npu (emulated)" in table, table
+    rows = {}
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) == 7 and fields[1].isdigit():
+            rows[fields[0]] = fields[1:]
+    return rows
+
+
+def test_the_emulated_npu_run_passes_on_npu(emulated_npu: None, tmp_path: Path) -> None:
+    """The suite on the emulated NPU: every check outside NOT_YET_ON_THE_EMULATOR passes with every case, the
+    training checks ran on npu, and the per-kernel copy and sync counts are printed (this is how CI runs the
+    accelerator path)."""
+    status, output, outcomes = run_cli(EMULATED, tmp_path, {})
+    rows = summary_rows(output)
+    for check, (cases, passed, failed, skipped, _, ran_on) in rows.items():
+        if check == "total":
+            continue
+        if check in NOT_YET_ON_THE_EMULATOR:
+            assert int(failed) > 0, f"{check} passes on the emulator now: remove it from NOT_YET_ON_THE_EMULATOR"
+        else:
+            assert (passed, failed) == (cases, "0"), f"{check} failed on the emulated npu:\n{output}"
+    for check in ("hash_tables", "key_value", "pipeline"):
+        assert rows[check][-1] == "npu", f"{check} did not report npu residency: {rows[check]}"
+    assert status == (1 if NOT_YET_ON_THE_EMULATOR else 0), output
+    assert "copies and host syncs per training step on npu (emulated)" in output, output
     for kernel in ("fused_hash", "key_value", "row_wise_input_dist", "index_dedup"):
-        assert any(line.startswith(kernel + " ") for line in table.splitlines()), f"no counts for {kernel}:\n{table}"
+        assert any(line.startswith(kernel + " ") for line in output.splitlines()), f"no counts for {kernel}:\n{output}"
 
 
 def test_a_dropped_device_transfer_fails_the_emulated_run(emulated_npu: None, fault_site: Path,
