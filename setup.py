@@ -1,10 +1,9 @@
-"""Build script: maps the top-level folders into the one `torchrec_ascend` namespace and compiles the native ops.
+"""Build script: the package is the folder ``torchrec_ascend/`` (no folder-to-namespace remap), plus the native ops.
 
-Folder -> import name (see README, "Layout"):
-    torchrec_ascend/   -> torchrec_ascend
-    kernels/           -> torchrec_ascend.kernels          (compute kernels and the native op sources)
-    plugins/builtin/   -> torchrec_ascend.policies.builtin (built-in policy plugins, loaded via entry point)
-    conformance_tests/ -> torchrec_ascend.conformance_tests
+Layers, lowest first: tests/foundation/test_layering.py. The C++ sources of ``torch.ops.torchrec_ascend`` stay in the
+top-level ``kernels/csrc/`` (the design card) and build into ``torchrec_ascend.native._C``; the built-in policies are
+``torchrec_ascend/policies/builtin/`` (loaded through the entry point only); ``conformance_tests`` at the top level is
+a link to ``torchrec_ascend/conformance_tests/``.
 """
 
 from pathlib import Path
@@ -12,23 +11,6 @@ from typing import List
 
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
-
-ROOTS = {
-    "torchrec_ascend": "torchrec_ascend",
-    "torchrec_ascend.kernels": "kernels",
-    "torchrec_ascend.policies.builtin": "plugins/builtin",
-    "torchrec_ascend.conformance_tests": "conformance_tests",
-}
-
-
-def packages_and_dirs():
-    packages, package_dir = [], {}
-    for name, folder in ROOTS.items():
-        packages.append(name)
-        package_dir[name] = folder
-        for sub in find_packages(folder):
-            packages.append(f"{name}.{sub}")
-    return packages, package_dir
 
 
 def native_extension(name: str, folder: str) -> List[CppExtension]:
@@ -42,14 +24,13 @@ def native_extension(name: str, folder: str) -> List[CppExtension]:
     return [CppExtension(name, sources, extra_compile_args=["-O3"])] if sources else []
 
 
-packages, package_dir = packages_and_dirs()
+packages = find_packages(include=["torchrec_ascend", "torchrec_ascend.*"])
 
 setup(
     packages=packages,
-    package_dir=package_dir,
     # One line per native library.
     ext_modules=[
-        *native_extension("torchrec_ascend.kernels._C", "kernels/csrc"),
+        *native_extension("torchrec_ascend.native._C", "kernels/csrc"),
         *native_extension("torchrec_ascend.testing._emulator", "torchrec_ascend/testing/csrc"),
     ],
     cmdclass={"build_ext": BuildExtension},

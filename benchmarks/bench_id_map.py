@@ -21,7 +21,7 @@ from typing import Callable, List, Tuple
 import numpy as np
 import torch
 
-from torchrec_ascend.kernels.id_map import IdMap
+from torchrec_ascend.hash.id_map import IdMap
 
 # Odd multiplier (a bijection mod 2**63) that scatters Zipf ranks over the whole int64 ID range.
 SCRAMBLE = 0x9E3779B97F4A7C15

@@ -42,7 +42,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend.conformance_tests.launch import run_distributed
-from torchrec_ascend.kernels.id_map import IdMap
+from torchrec_ascend.hash.id_map import IdMap
 from torchrec_ascend.pipeline import HybridTrainPipelineSparseDist, Stage
 from torchrec_ascend.shutdown import end_rank
 

@@ -1,6 +1,6 @@
 // The one schema of the torch.ops.torchrec_ascend library. Kernels register per dispatch key elsewhere (cpu/ now,
 // PrivateUse1 for Ascend NPU later); a behaviour change gets a new op name, never a flag on an existing one.
-// tests/kernels/test_op_registration.py pins every string below.
+// tests/native/test_op_registration.py pins every string below.
 #include <torch/library.h>
 
 TORCH_LIBRARY(torchrec_ascend, m) {

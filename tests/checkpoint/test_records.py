@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from torchrec_ascend.checkpoint.layout import ShardLayout
 from torchrec_ascend.checkpoint.records import apply_increment, assemble
 from torchrec_ascend.errors import StorageError
-from torchrec_ascend.kernels import reference
 from torchrec_ascend.kernels.fused import ShardRows
+from torchrec_ascend.native import reference
 
 IDS = st.lists(st.integers(0, 2**63 - 1), max_size=12, unique=True)
 BASE = ShardLayout(table="t", hash_ids=True, dim=8, col0=0, cols=8, bucket=0, buckets=1, row_offset=0, rows=64,

@@ -93,7 +93,7 @@ def _after_import(name: str, patch: Callable[[], None]) -> Callable[[], None]:
 
 
 def _hash_bucketizer() -> None:
-    from torchrec_ascend.kernels import ops
+    from torchrec_ascend.native import ops
 
     original, calls = ops.hash_bucketize, [0]
 

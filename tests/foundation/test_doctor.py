@@ -14,9 +14,8 @@ from typing import Callable
 
 import pytest
 
-from torchrec_ascend import backends
+from torchrec_ascend import backends, versions
 from torchrec_ascend.cli import doctor
-from torchrec_ascend.hooks import versions
 from torchrec_ascend.injection import autoload
 from torchrec_ascend.injection.patch import Patch
 from torchrec_ascend.injection.registry import PatchRegistry

@@ -14,9 +14,8 @@ from typing import Callable
 
 import pytest
 
-from torchrec_ascend import hooks
+from torchrec_ascend import hooks, versions
 from torchrec_ascend.cli import doctor
-from torchrec_ascend.hooks import versions
 from torchrec_ascend.injection import autoload, drift
 from torchrec_ascend.injection.patch import Patch
 from torchrec_ascend.injection.registry import PatchRegistry, PatchState
@@ -27,7 +26,7 @@ TORCHREC = importlib.metadata.version("torchrec")
 def test_every_patch_target_is_the_source_reviewed_for_this_torchrec() -> None:
     """Fails naming each patch and target whose installed source differs from the reviewed one (or has none)."""
     row = versions.stack_for(TORCHREC)
-    assert row is not None, f"torchrec {TORCHREC} has no row in torchrec_ascend/hooks/versions.py"
+    assert row is not None, f"torchrec {TORCHREC} has no row in torchrec_ascend/versions.py"
     reviewed = drift.reviewed_digests()
     problems = []
     for patch in hooks.default_patches():

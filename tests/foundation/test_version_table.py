@@ -1,4 +1,4 @@
-"""The version table (torchrec_ascend/hooks/versions.py) against the constraints files and the patches' ranges."""
+"""The version table (torchrec_ascend/versions.py) against the constraints files and the patches' ranges."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from torchrec_ascend import hooks
-from torchrec_ascend.hooks import versions
+from torchrec_ascend import hooks, versions
 
 CONSTRAINTS = Path(__file__).resolve().parents[2] / "constraints"
 

@@ -12,7 +12,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend import HashEmbeddingBagCollection, HashEmbeddingBagConfig, HashEmbeddingConfig
 from torchrec_ascend.errors import CapacityError, ConfigError
 from torchrec_ascend.hash.modules import HashEmbedding, HashEmbeddingBag
-from torchrec_ascend.kernels import reference
+from torchrec_ascend.native import reference
 
 DIM = 4
 INIT = (-0.5, 0.5)

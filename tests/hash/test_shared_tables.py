@@ -17,7 +17,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig
 from torchrec_ascend.errors import CapacityError
-from torchrec_ascend.kernels import reference
+from torchrec_ascend.native import reference
 
 CAPACITY, DIM, LR, SEED = 8, 4, 0.5, 3
 INIT = (-0.25, 0.25)

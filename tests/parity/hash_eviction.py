@@ -30,9 +30,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.plugin.hash_tables import sharded_rows
 from torchrec_ascend.conformance_tests.plugin.runner import main
-from torchrec_ascend.kernels import reference
 from torchrec_ascend.kernels.fused import HashRows
 from torchrec_ascend.kernels.walk import sharded_kernels
+from torchrec_ascend.native import reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policies"))
 from policy_reference import (  # noqa: E402

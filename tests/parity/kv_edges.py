@@ -30,8 +30,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.plugin.hash_tables import max_row_diff, rows_of, sharded_rows
 from torchrec_ascend.conformance_tests.plugin.runner import main
-from torchrec_ascend.kernels import ops
 from torchrec_ascend.kernels.key_value import cache_metrics
+from torchrec_ascend.native import ops
 
 DIM, BATCH, LR = 8, 4, 0.1
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 
 from torchrec_ascend.backends.profile import DeviceProfile, PlannerSpec, StreamSpec, TbeSpec
-from torchrec_ascend.hooks.versions import STACKS
+from torchrec_ascend.versions import STACKS
 
 # Atlas 800T A2: 64 GB of HBM per NPU; TorchRec's HBM bandwidth constant scaled to the 910B's ~1.6 TB/s.
 _NPU_HBM_BYTES = 64 * 1024**3

@@ -20,8 +20,8 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from torchrec_ascend.kernels import ops
 from torchrec_ascend.kernels.fused import ShardInfo
+from torchrec_ascend.native import ops
 
 
 @dataclasses.dataclass(frozen=True)

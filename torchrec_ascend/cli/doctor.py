@@ -19,7 +19,7 @@ import platform
 import textwrap
 from typing import Any, Dict, List, Optional
 
-from torchrec_ascend.hooks import versions as version_table
+from torchrec_ascend import versions as version_table
 from torchrec_ascend.injection import autoload, drift
 from torchrec_ascend.injection.patch import Patch
 from torchrec_ascend.injection.registry import PatchState, installed_distribution, installed_version, version_problem

@@ -31,7 +31,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import HashEmbeddingBagConfig, HashEmbeddingConfig, is_hash_config
 from torchrec_ascend.hash.slot_table import SlotTable
-from torchrec_ascend.kernels import ops
+from torchrec_ascend.native import ops
 
 HashConfig = Union[HashEmbeddingBagConfig, HashEmbeddingConfig]
 

@@ -1,7 +1,7 @@
 """SlotTable: the ID side of one shard of a hash (or KEY_VALUE) table.
 
 A kernel owns a fixed pool of rows (fbgemm TBE rows); the slot table decides which row each raw ID of a batch uses:
-it looks IDs up in an :class:`~torchrec_ascend.kernels.id_map.IdMap`, asks the admission policy about IDs it has
+it looks IDs up in an :class:`~torchrec_ascend.hash.id_map.IdMap`, asks the admission policy about IDs it has
 never seen, frees rows through the eviction policy when the pool is full (never rows in use by the batches still in
 flight), and counts all of it. It never touches row contents: the kernel initialises (or loads) the rows it is told
 are new and saves (or drops) the rows it is told were evicted.
@@ -25,8 +25,8 @@ import torch
 
 from torchrec_ascend.errors import CapacityError, ConfigError, StorageError
 from torchrec_ascend.hash.configs import HashTableSpec
-from torchrec_ascend.kernels import ops
-from torchrec_ascend.kernels.id_map import IdMap
+from torchrec_ascend.hash.id_map import IdMap
+from torchrec_ascend.native import ops
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, Iterable, List, Set
 
 from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.injection.patch import Patch
+from torchrec_ascend.versions import TORCHREC
 
 _MODULES = "torchrec.modules.embedding_modules"
 _HASH_TABLES_ATTR = "_torchrec_ascend_hash_tables"

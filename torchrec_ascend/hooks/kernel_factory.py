@@ -15,8 +15,8 @@ import importlib
 from typing import Any, Callable, Optional, Type
 
 from torchrec_ascend import backends
-from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.injection.patch import Patch
+from torchrec_ascend.versions import TORCHREC
 
 _LOOKUP = "torchrec.distributed.embedding_lookup"
 

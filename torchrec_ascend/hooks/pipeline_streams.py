@@ -34,8 +34,8 @@ from typing import Any, Callable, Optional
 
 from torchrec_ascend import backends
 from torchrec_ascend.backends.profile import DeviceProfile
-from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.injection.patch import Patch
+from torchrec_ascend.versions import TORCHREC
 
 _PIPELINES = "torchrec.distributed.train_pipeline.train_pipelines"
 _STAGES = "torchrec.distributed.train_pipeline.pipeline_stage"

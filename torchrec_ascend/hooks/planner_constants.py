@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, Dict, Tuple
 
 from torchrec_ascend import backends
-from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.injection.patch import Patch, Undo, resolve, set_attribute
+from torchrec_ascend.versions import TORCHREC
 
 
 def profile_bandwidths() -> Dict[Tuple[str, str], float]:

@@ -16,8 +16,8 @@ import sys
 from typing import Any, Callable, List, Optional
 
 from torchrec_ascend import backends
-from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.injection.patch import Patch, set_attribute
+from torchrec_ascend.versions import TORCHREC
 
 # Device-independent c10d classes whose instances a sharded module may hold.
 _C10D = "torch._C._distributed_c10d"

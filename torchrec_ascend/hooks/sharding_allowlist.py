@@ -19,8 +19,8 @@ from typing import Any, Callable, List, Optional, Sequence
 from torchrec_ascend import backends
 from torchrec_ascend.backends.profile import TORCHREC_REFERENCE_DEVICE, DeviceProfile
 from torchrec_ascend.hooks import sparse_ops
-from torchrec_ascend.hooks.versions import TORCHREC, TORCHREC_FBGEMM
 from torchrec_ascend.injection.patch import Patch
+from torchrec_ascend.versions import TORCHREC, TORCHREC_FBGEMM
 
 
 _SHARDER = "torchrec.distributed.embedding_types:BaseEmbeddingSharder"

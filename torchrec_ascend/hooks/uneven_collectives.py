@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Tuple
 
-from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.injection.patch import Patch
+from torchrec_ascend.versions import TORCHREC
 
 
 def _uneven_backward(original: Callable[..., Tuple[Any, ...]]) -> Callable[..., Tuple[Any, ...]]:

@@ -328,7 +328,7 @@ class PatchRegistry:
             lines.append(f"Skipped ({len(skipped)}); TorchRec's own code runs there:")
             lines += [f"  - {n}: {p}" for n, p in skipped.items()]
         lines.append(
-            "Install a supported stack (torchrec_ascend/hooks/versions.py; `torchrec-ascend doctor` shows it) or a "
+            "Install a supported stack (torchrec_ascend/versions.py; `torchrec-ascend doctor` shows it) or a "
             "torchrec-ascend release that supports your versions."
         )
         warnings.warn("\n".join(lines), RuntimeWarning, stacklevel=4)

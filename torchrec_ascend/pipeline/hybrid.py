@@ -64,12 +64,12 @@ from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSpa
 from torchrec.distributed.train_pipeline.types import PipelineState
 
 from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.hooks.versions import TORCHREC
 from torchrec_ascend.pipeline import host_stages, input_dist, sizing
 from torchrec_ascend.pipeline.host_stages import BatchInFlight, Source
 from torchrec_ascend.pipeline.lanes import HostLanes, ModuleWorkers, StageClock, thread_prefix
 from torchrec_ascend.pipeline.stages import PipelineStageError, Stage
 from torchrec_ascend.pipeline.streams import PipelineStreams
+from torchrec_ascend.versions import TORCHREC
 
 
 @dataclasses.dataclass

@@ -15,7 +15,7 @@ How the pieces fit (a cache or table owner only needs the first three):
   and :mod:`~torchrec_ascend.policies.simulator` (hit rates against Belady's optimum on the
   :mod:`~torchrec_ascend.policies.traces`).
 
-The built-in policies live in ``plugins/builtin`` (import name ``torchrec_ascend.policies.builtin``) and load
+The built-in policies live in ``builtin/`` (import name ``torchrec_ascend.policies.builtin``) and load
 through the entry point ``builtin_policies``, exactly like third-party ones (``plugins/s3fifo``).
 
 Example::

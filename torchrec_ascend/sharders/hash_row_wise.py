@@ -21,7 +21,7 @@ from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding,
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.kernels import ops
+from torchrec_ascend.native import ops
 
 
 class HashRwSparseFeaturesDist(RwSparseFeaturesDist):

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_ascend.kernels import ops
+from torchrec_ascend.native import ops
 
 
 def table_groups(hash_size_offsets: torch.Tensor) -> List[Tuple[int, int]]:

@@ -21,7 +21,7 @@ from typing import Tuple
 import torch
 
 from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.kernels import ops
+from torchrec_ascend.native import ops
 
 __all__ = ["IdMap", "num_buckets_for"]
 

@@ -1,14 +1,14 @@
 """Python entry points of the native ops ``torch.ops.torchrec_ascend.*`` and their fake (shape-only) kernels.
 
-Importing this module loads ``torchrec_ascend.kernels._C``, whose static initialisers register the schema
+Importing this module loads ``torchrec_ascend.native._C``, whose static initialisers register the schema
 (``kernels/csrc/schema.cpp``) and the CPU kernels. The fake kernels below let the ops run under ``FakeTensorMode``,
-on the ``meta`` device and inside ``torch.compile``. :mod:`torchrec_ascend.kernels.reference` holds plain-Python
+on the ``meta`` device and inside ``torch.compile``. :mod:`torchrec_ascend.native.reference` holds plain-Python
 versions with the same semantics, used as test oracles.
 
 All ID inputs are 1-D int64 CPU tensors. Errors: a wrong dtype raises ``TypeError``, a wrong shape or value (for
 example a negative ID given to an ID map op) raises ``ValueError`` naming the op, the argument and the offending value.
 
-The ID map ops work on the state tensors of :class:`torchrec_ascend.kernels.id_map.IdMap` (use that class; the
+The ID map ops work on the state tensors of :class:`torchrec_ascend.hash.id_map.IdMap` (use that class; the
 functions here are its building blocks): ``buckets`` int64 ``[num_buckets, 2]`` (key, slot; key -1 = empty;
 num_buckets a power of two larger than the capacity), ``free_slots`` int64 ``[capacity]`` (a stack) and ``counters``
 int64 ``[2]`` (next_fresh, num_free).
@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from torchrec_ascend.kernels import _C  # noqa: F401  (loading the library registers torch.ops.torchrec_ascend)
+from torchrec_ascend.native import _C  # noqa: F401  (loading the library registers torch.ops.torchrec_ascend)
 
 __all__ = [
     "hash_bucketize",

@@ -7,8 +7,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from torchrec_ascend.kernels import ops
-from torchrec_ascend.kernels.id_map import IdMap
+from torchrec_ascend.hash.id_map import IdMap
+from torchrec_ascend.native import ops
 
 # Changing one of these breaks checkpoints, compiled graphs or NPU kernels written against it: add a new op instead.
 SCHEMAS = {

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.kernels import ops
-from torchrec_ascend.kernels.id_map import IdMap, num_buckets_for
-from torchrec_ascend.kernels.reference import IdMapReference
+from torchrec_ascend.hash.id_map import IdMap, num_buckets_for
+from torchrec_ascend.native import ops
+from torchrec_ascend.native.reference import IdMapReference
 
 MAX_ID = 2**63 - 1
 

@@ -1,4 +1,4 @@
-"""Plain-Python references of the native ops in :mod:`torchrec_ascend.kernels.ops`, bit for bit.
+"""Plain-Python references of the native ops in :mod:`torchrec_ascend.native.ops`, bit for bit.
 
 These are the test oracles: written for obviousness (dicts, lists, Python ints), not speed, and free of any code
 shared with the C++ kernels. They also document the exact bits of :func:`hash_rank` and :func:`hash_uniform_init`,
@@ -6,7 +6,7 @@ which are part of the contract (row placement across ranks, initial rows, checkp
 
 Example::
 
-    from torchrec_ascend.kernels import reference
+    from torchrec_ascend.native import reference
     assert reference.hash_rank(torch.tensor([1, 2]), 4).tolist() == [reference.mix64(1) % 4, reference.mix64(2) % 4]
 """
 
@@ -53,7 +53,7 @@ def mix64(x: int) -> int:
 
 
 def hash_rank(ids: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Reference of :func:`torchrec_ascend.kernels.ops.hash_rank`: ``mix64(id) % world_size`` per ID.
+    """Reference of :func:`torchrec_ascend.native.ops.hash_rank`: ``mix64(id) % world_size`` per ID.
 
     Args:
         ids (Tensor): int64 ``[n]``.
@@ -70,7 +70,7 @@ def hash_rank(ids: torch.Tensor, world_size: int) -> torch.Tensor:
 
 
 def hash_unique(ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Reference of :func:`torchrec_ascend.kernels.ops.hash_unique` (a dict keeps first-occurrence order).
+    """Reference of :func:`torchrec_ascend.native.ops.hash_unique` (a dict keeps first-occurrence order).
 
     Args:
         ids (Tensor): int64 ``[n]``.
@@ -98,7 +98,7 @@ def hash_unique(ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Te
 def hash_bucketize(
     lengths: torch.Tensor, values: torch.Tensor, weights: Optional[torch.Tensor], world_size: int
 ) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
-    """Reference of :func:`torchrec_ascend.kernels.ops.hash_bucketize`.
+    """Reference of :func:`torchrec_ascend.native.ops.hash_bucketize`.
 
     Args:
         lengths (Tensor): int ``[S]``.
@@ -152,7 +152,7 @@ def _float32_below(x: float) -> float:
 
 
 def hash_uniform_init(ids: torch.Tensor, seed: int, dim: int, low: float, high: float) -> torch.Tensor:
-    """Reference of :func:`torchrec_ascend.kernels.ops.hash_uniform_init`, same bits.
+    """Reference of :func:`torchrec_ascend.native.ops.hash_uniform_init`, same bits.
 
     Args:
         ids (Tensor): int64 ``[n]``.
@@ -188,7 +188,7 @@ def hash_uniform_init(ids: torch.Tensor, seed: int, dim: int, low: float, high: 
 
 
 class IdMapReference:
-    """Reference of :class:`torchrec_ascend.kernels.id_map.IdMap` on a dict, with the same slot assignment rule.
+    """Reference of :class:`torchrec_ascend.hash.id_map.IdMap` on a dict, with the same slot assignment rule.
 
     New IDs of one call take slots in order of first occurrence: freed slots first (most recently freed first),
     then fresh slots in increasing order; ``-1`` (and not inserted) when none is left.

@@ -47,12 +47,12 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, hash_spec_of
 from torchrec_ascend.hash.slot_table import Assignment
-from torchrec_ascend.kernels import ops
 from torchrec_ascend.kernels.fused import HashRows, ShardInfo, ShardRows, with_values
 from torchrec_ascend.kernels.key_value.disk_store import DiskStore
 from torchrec_ascend.kernels.key_value.host_store import HostStore
 from torchrec_ascend.kernels.key_value.key_index import reserve
 from torchrec_ascend.kernels.walk import sharded_kernels
+from torchrec_ascend.native import ops
 
 logger = logging.getLogger(__name__)
 

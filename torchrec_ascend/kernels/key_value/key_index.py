@@ -278,7 +278,7 @@ def partitions_for(num_keys: int) -> int:
 class KeyIndex:
     """Raw int64 key -> slot in ``[0, capacity)`` for the host store, up to ``max_capacity`` keys.
 
-    Slots are handed out like :class:`~torchrec_ascend.kernels.id_map.IdMap` does: freed slots first (the most
+    Slots are handed out like :class:`~torchrec_ascend.hash.id_map.IdMap` does: freed slots first (the most
     recently freed first), then fresh ones in increasing order, so ``capacity`` (the highest slot used + 1) only
     grows when no freed slot is left, and per-slot storage of the owner never moves.
 

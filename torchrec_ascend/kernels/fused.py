@@ -41,7 +41,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, HashTableSpec, hash_spec_of
 from torchrec_ascend.hash.slot_table import Assignment, SlotTable
-from torchrec_ascend.kernels import ops
+from torchrec_ascend.native import ops
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 

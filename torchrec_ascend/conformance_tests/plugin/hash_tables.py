@@ -44,11 +44,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency
-from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import ColumnShardRowWiseAdagrad
-from torchrec_ascend.kernels import reference
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.fused import HashRows
 from torchrec_ascend.kernels.walk import sharded_kernels
+from torchrec_ascend.native import reference
 
 DIM = 16
 TABLES = [("user", 64, 3), ("item", 48, 5)]  # name, capacity, init seed

@@ -38,7 +38,7 @@ def parametrize(metafunc: Any, derive: Callable[[SuiteConfig], List[Case]], name
 #: Parts a training case must report tensors for (``optimizer`` may be empty: SGD holds no state).
 REQUIRED_PARTS = ("parameters", "outputs")
 #: Per training call of each per-batch part, the most host<->device copies and host syncs allowed, as (fixed, per
-#: table the call serves): the budgets the kernels' docstrings state (``kernels/fused.py``,
+#: table the call serves): the budgets the kernels' docstrings state (``torchrec_ascend/kernels/fused.py``,
 #: ``sharders/hash_row_wise.py``, ``sharders/index_dedup.py``). FUSED hash: the IDs down, the rows up, each table's
 #: new rows' slots and values up. KEY_VALUE: also each table's evicted rows' slots up and the rows down
 #: (``pack_rows`` gathers them on the device). Row-wise input dist: lengths and

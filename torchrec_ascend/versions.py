@@ -15,7 +15,7 @@ TorchRec OLDER than the table, every patch is skipped (its range says so). Withi
 
 Example::
 
-    from torchrec_ascend.hooks import versions
+    from torchrec_ascend import versions
     versions.TORCHREC                       # {'torchrec': '>=1.8.0,<1.10'}
     versions.stack_for("1.9.2").torch       # '2.14'
     versions.stack_for("1.10.0")            # None: newer than the table

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchrec_ascend.kernels import ops, reference
+from torchrec_ascend.native import ops, reference
 
 MIN_ID, MAX_ID = -(2**63), 2**63 - 1
 
