@@ -37,7 +37,7 @@ import torch
 from torchrec_ascend.errors import ConfigError, StorageError
 
 from .disk_record import RecordFormat
-from .key_index import OpenTable, mix64, scale
+from .key_index import OpenTable, mix64, scale, trim_heap
 from .row_store import check_keys, check_rows, last_occurrence
 from .segment_file import SegmentFile
 
@@ -215,7 +215,8 @@ class DiskStore:
         """Fill an empty store from ``(keys, rows)`` chunks of distinct keys: records are appended chunk by chunk,
         then each index partition is laid out once (no probing), which is much faster than one ``put`` per chunk.
 
-        While loading, the keys and buckets of every row are held (16 bytes a row, besides the index itself).
+        While loading, the keys and buckets of every row are held (16 bytes a row, besides the index itself); they
+        are handed back to the system when it returns.
 
         Returns:
             int: the rows loaded.
@@ -255,6 +256,9 @@ class DiskStore:
         except BaseException:
             self._reset()
             raise
+        finally:
+            del parts
+            trim_heap()
         for seg in self._segments.values():
             seg.live = seg.count
         self._version += 1

@@ -24,6 +24,8 @@ Example::
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import os
 from typing import Callable, Optional, Tuple
@@ -67,6 +69,24 @@ def release(array: np.ndarray, start: int, stop: int) -> None:
     last = (base + stop * array.itemsize) // PAGE * PAGE
     if last > first:
         array.base.madvise(mmap.MADV_DONTNEED, first - base, last - first)
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``; nothing elsewhere).
+
+    Many small arrays freed together (a bulk load's per-partition pieces) leave the heap fragmented: without this
+    the process keeps them resident, ~17 bytes a loaded row beyond the index.
+
+    Example::
+
+        trim_heap()
+    """
+    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
+
+
+_LIBC_NAME = ctypes.util.find_library("c")
+_LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME else None
 
 
 def mix64(keys: np.ndarray) -> np.ndarray:
