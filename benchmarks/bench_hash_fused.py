@@ -34,9 +34,23 @@ from torchrec.distributed.planner import ParameterConstraints
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from dlrm_workload import (Variant, Workload, add_workload_args, as_rank, build_dlrm, feature_names, finish_rank,
-                           init_rank, launch, make_batches, paired_ratio, samples_per_s, shard, table_names,
-                           time_interleaved)
+from dlrm_workload import (
+    Variant,
+    Workload,
+    add_workload_args,
+    as_rank,
+    build_dlrm,
+    feature_names,
+    finish_rank,
+    init_rank,
+    launch,
+    make_batches,
+    paired_ratio,
+    samples_per_s,
+    shard,
+    table_names,
+    time_interleaved,
+)
 from results import make_result, target, write_result
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.kernels.fused import HashRows

@@ -43,9 +43,23 @@ from torchrec.distributed.planner import ParameterConstraints
 from torchrec.distributed.types import CacheParams
 
 from bench_policies import OPTIONS, TimedPolicy
-from dlrm_workload import (Variant, Workload, add_workload_args, as_rank, build_dlrm, feature_names, finish_rank,
-                           init_rank, launch, make_batches, paired_ratio, samples_per_s, shard, table_names,
-                           time_interleaved)
+from dlrm_workload import (
+    Variant,
+    Workload,
+    add_workload_args,
+    as_rank,
+    build_dlrm,
+    feature_names,
+    finish_rank,
+    init_rank,
+    launch,
+    make_batches,
+    paired_ratio,
+    samples_per_s,
+    shard,
+    table_names,
+    time_interleaved,
+)
 from results import make_result, target, write_result
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.kernels.key_value import cache_metrics

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 import matplotlib
 
 matplotlib.use("Agg")  # headless: never needs a display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def metrics_table(metrics: Dict[str, float], k: int = 10) -> str:

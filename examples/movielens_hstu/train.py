@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -40,7 +41,6 @@ from torchrec.modules.embedding_configs import EmbeddingConfig
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
-from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
 from tqdm import tqdm
 
 from batches import TrainBatches, training_windows
@@ -53,7 +53,6 @@ from torchrec_ascend.checkpoint import dense_state_dict
 from torchrec_ascend.datasets import leave_one_out, load_movielens_100k
 from torchrec_ascend.policies.registry import find_policy
 from torchrec_ascend.shutdown import end_rank
-
 
 # Known, harmless notices from TorchRec 1.8 internals (deprecated DDP argument, ShardedTensor in state_dict, fx
 # tracing), silenced so the job's own output stays readable.

@@ -40,7 +40,8 @@ def test_built_in_profiles_are_valid(profile: backends.DeviceProfile) -> None:
 
 
 BAD: List[Dict[str, Any]] = [
-    dict(changes={"sharding_types": ("table_wise", "row_wize")}, field="sharding_types", says="did you mean 'row_wise'"),
+    dict(changes={"sharding_types": ("table_wise", "row_wize")}, field="sharding_types",
+         says="did you mean 'row_wise'"),
     dict(changes={"sharding_types": ()}, field="sharding_types", says="must not be empty"),
     dict(changes={"sharding_types": ["table_wise"]}, field="sharding_types", says="tuple of strings"),
     dict(changes={"sharding_types": ("table_wise", "table_wise")}, field="sharding_types", says="listed twice"),
@@ -76,7 +77,8 @@ BAD: List[Dict[str, Any]] = [
     ),
     dict(changes={"kernel_overrides": {"pooled-fused": "m:C"}}, field="kernel_overrides", says="'<pooled|sequence>/"),
     dict(changes={"kernel_overrides": {"pooled/fused": "m.C"}}, field="kernel_overrides", says="'module:Class'"),
-    dict(changes={"process_group_classes": ("torch.ProcessGroupGloo",)}, field="process_group_classes", says="qualname"),
+    dict(changes={"process_group_classes": ("torch.ProcessGroupGloo",)}, field="process_group_classes",
+         says="qualname"),
     dict(changes={"op_modules": ("fbgemm-ascend",)}, field="op_modules", says="dotted module name"),
 ]
 
@@ -114,7 +116,10 @@ def fresh_manager():
 
 @pytest.mark.parametrize(
     "plugin, says",
-    [(_NotAProfile(), "returned dict from torchrec_ascend_device_backends"), (_InvalidProfile(), "field 'sharding_types'")],
+    [
+        (_NotAProfile(), "returned dict from torchrec_ascend_device_backends"),
+        (_InvalidProfile(), "field 'sharding_types'"),
+    ],
     ids=["not-a-profile", "invalid-profile"],
 )
 def test_a_plugin_returning_a_bad_profile_is_named(fresh_manager: Any, plugin: Any, says: str) -> None:

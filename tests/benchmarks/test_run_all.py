@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-import run_all  # noqa: E402  (benchmarks/ is a folder of scripts, not a package)
-from results import make_result, target  # noqa: E402
+import run_all
+from results import make_result, target
 
 ID_MAP_OUT = """\
 8 batches of 1048576 Zipf(1.05) IDs, 4165609 distinct in all, capacity 10000000, torch threads 1

@@ -1,15 +1,15 @@
 """The example policy plugin: registered in-process (nothing installed) and checked against a dict reference."""
 
 import math
-import tomllib
 from pathlib import Path
 
-import decayed_lfu_policy
 import pytest
+import tomllib
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import decayed_lfu_policy
 from torchrec_ascend import hookspecs
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.plugin_manager import PluginManager, get_plugin_manager

@@ -21,7 +21,6 @@ from torchrec_ascend.injection.patch import Patch
 from torchrec_ascend.injection.registry import PatchRegistry
 from torchrec_ascend.plugin_manager import get_plugin_manager
 
-
 TORCHREC = importlib.metadata.version("torchrec")
 FBGEMM = importlib.metadata.version("fbgemm-gpu-cpu")
 
@@ -98,3 +97,12 @@ def test_shows_the_matched_stack_and_every_reviewed_digest(healthy: doctor.Diagn
         digest = registry.reviewed.get(status.patch.name, {}).get(row.reviewed, "(none recorded)")
         assert f"source {digest} = reviewed on torchrec {row.reviewed}" in healthy.text, status.patch.name
     assert "DRIFTED" not in healthy.text
+
+
+def test_lists_every_adapter_with_its_range_and_target(healthy: doctor.Diagnosis) -> None:
+    from torchrec_ascend import adapters
+
+    for adapter in adapters.adapters():
+        assert f"  supported   {adapter.name}  [torchrec {versions.TORCHREC['torchrec']}]" in healthy.text
+        assert adapter.target.partition(":")[2] in healthy.text
+    assert f"Adapters ({len(adapters.adapters())} supported):" in healthy.text

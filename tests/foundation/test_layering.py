@@ -15,17 +15,16 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Tuple
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "torchrec_ascend"
 
 #: Lowest first. A module may import its own layer and any layer listed before it. Keys are the first name below
 #: ``torchrec_ascend`` (a sub-package or a top-level module); "" is the package root's lazy public names.
 LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
-    ("foundation", ("errors", "versions", "shutdown")),
+    ("foundation", ("errors", "versions", "shutdown", "dotted")),
     ("datasets", ("datasets",)),
     ("native ops", ("native",)),
+    ("TorchRec adapters", ("adapters",)),
     ("plugin system", ("hookspecs", "plugin_manager")),
     ("backends", ("backends",)),
     ("policies", ("policies",)),
@@ -143,7 +142,8 @@ def test_builtin_policies_load_only_through_their_entry_point():
     modules = package_modules()
     direct = [f"{path.relative_to(REPO)}:{line}" for name, path in modules.items()
               if not name.startswith(("torchrec_ascend.policies.builtin", "torchrec_ascend.conformance_tests"))
-              for line, target in imported(path, name, modules) if target.startswith("torchrec_ascend.policies.builtin")]
+              for line, target in imported(path, name, modules)
+              if target.startswith("torchrec_ascend.policies.builtin")]
     assert not direct, f"import the built-in policies through the registry, not directly: {direct}"
 
 

@@ -11,15 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from patch_targets import FUNCTIONS
+from torchrec_ascend.adapters.requirements import installed_distribution, newer_than, version_problem
 from torchrec_ascend.injection import drift
 from torchrec_ascend.injection.patch import Patch, Undo, resolve, set_attribute
-from torchrec_ascend.injection.registry import (
-    PatchRegistry,
-    PatchState,
-    installed_distribution,
-    newer_than,
-    version_problem,
-)
+from torchrec_ascend.injection.registry import PatchRegistry, PatchState
 
 REQUIRES = {"torchrec": ">=1.8.0,<1.9"}
 SUPPORTED = {"torchrec": "1.8.0"}

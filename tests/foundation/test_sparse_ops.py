@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
-import pytest
 import fbgemm_gpu  # noqa: F401  (defines torch.ops.fbgemm)
+import pytest
 import torch
 
 from torchrec_ascend import backends
@@ -37,6 +37,7 @@ def test_a_device_tbe_without_device_kernels_is_refused_naming_the_op_and_the_ch
     with pytest.raises(ConfigError, match="cannot plan row_wise embedding tables on dev") as caught:
         sparse_ops.require_device_tbe(profile, "row_wise")
     assert "fbgemm::asynchronous_complete_cumsum" in str(caught.value)
-    assert "install a device-kernel library" in str(caught.value) and "plan these tables on the host" in str(caught.value)
+    message = str(caught.value)
+    assert "install a device-kernel library" in message and "plan these tables on the host" in message
     sparse_ops.require_device_tbe(backends.profile_for("cpu"), "row_wise")  # no device TBE ops: nothing to refuse
     assert sparse_ops.op_coverage(profile) == [("fbgemm::asynchronous_complete_cumsum", "no kernel")]

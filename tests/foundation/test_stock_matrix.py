@@ -17,7 +17,9 @@ from torchrec_ascend.conformance_tests.launch import STOCK_SCRIPTS, run_distribu
 
 pytestmark = pytest.mark.multiprocess
 
-EBC_TYPES = ["data_parallel", "table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "grid_shard"]
+EBC_TYPES = [
+    "data_parallel", "table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "grid_shard",
+]
 EC_TYPES = ["data_parallel", "table_wise", "column_wise", "row_wise"]
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad"]
 SPLIT_TYPES = {"column_wise", "table_column_wise", "row_wise", "table_row_wise", "grid_shard"}

@@ -10,7 +10,7 @@ import json
 import shutil
 import tracemalloc
 from pathlib import Path
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Tuple
 
 import numpy as np
 import pytest

@@ -35,8 +35,14 @@ from torchrec_ascend.kernels.walk import sharded_kernels
 from torchrec_ascend.native import reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "policies"))
-from policy_reference import (  # noqa: E402
-    EpochLFURef, EpochLRURef, LFURef, LRURef, ReferenceTee, ShowClickRef, TTLRef,
+from policy_reference import (
+    EpochLFURef,
+    EpochLRURef,
+    LFURef,
+    LRURef,
+    ReferenceTee,
+    ShowClickRef,
+    TTLRef,
 )
 
 CAPACITY, DIM, LR, SEED, STEPS, POOL, BATCH = 16, 8, 0.5, 3, 40, 60, 2
@@ -85,7 +91,7 @@ def upstream(step: int, rank: int) -> torch.Tensor:
 def build(policy: str, pg: Any) -> Any:
     options, make_ref, tolerance = POLICIES[policy]
     module = torchrec.EmbeddingBagCollection(tables=[HashEmbeddingBagConfig(
-        name="t", embedding_dim=DIM, num_embeddings=(CAPACITY + 1) * pg.size(), feature_names=FEATURES,
+        name="t", embedding_dim=DIM, num_embeddings=CAPACITY * pg.size(), feature_names=FEATURES,
         overflow="evict", eviction_policy=policy, eviction_options=options, init_seed=SEED,
         weight_init_min=INIT[0], weight_init_max=INIT[1],
     )])

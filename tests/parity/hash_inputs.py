@@ -23,7 +23,15 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.plugin.hash_tables import (
-    TABLES, concat, max_row_diff, rank_batches, rows_of, sharded_rows, split_global, unsharded_rows, upstream,
+    TABLES,
+    concat,
+    max_row_diff,
+    rank_batches,
+    rows_of,
+    sharded_rows,
+    split_global,
+    unsharded_rows,
+    upstream,
 )
 from torchrec_ascend.conformance_tests.plugin.runner import main
 

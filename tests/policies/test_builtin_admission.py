@@ -7,11 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policy_reference import collision_free_size
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.policies.builtin.admission import CountAdmission, ProbabilisticAdmission
 from torchrec_ascend.policies.builtin.showclick import ShowClickAdmission
-
-from policy_reference import collision_free_size
 
 POOL = 25
 batches = st.lists(

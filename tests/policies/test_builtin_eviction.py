@@ -7,13 +7,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.policies.builtin.frequency import LFU, EpochLFU
-from torchrec_ascend.policies.builtin.recency import LRU, EpochLRU
-from torchrec_ascend.policies.builtin.showclick import ShowClickEviction
-from torchrec_ascend.policies.builtin.ttl import TTL
-from torchrec_ascend.policies.contract import EvictionDriver, steps_strategy
-
 from policy_reference import (
     EpochLFURef,
     EpochLRURef,
@@ -24,6 +17,12 @@ from policy_reference import (
     TTLRef,
     collision_free_size,
 )
+from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.policies.builtin.frequency import LFU, EpochLFU
+from torchrec_ascend.policies.builtin.recency import LRU, EpochLRU
+from torchrec_ascend.policies.builtin.showclick import ShowClickEviction
+from torchrec_ascend.policies.builtin.ttl import TTL
+from torchrec_ascend.policies.contract import EvictionDriver, steps_strategy
 
 CAPACITY = 6
 KEYS = st.one_of(st.integers(0, 3 * CAPACITY), st.integers(2**63 - 4, 2**63 - 1))

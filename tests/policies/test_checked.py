@@ -7,12 +7,11 @@ import re
 import pytest
 import torch
 
+from spec_plugin import SpecPlugin
 from torchrec_ascend.errors import CapacityError, ConfigError, PluginError
 from torchrec_ascend.policies.base import PolicySpec
 from torchrec_ascend.policies.builtin.recency import LRU
 from torchrec_ascend.policies.registry import create_admission_policy, create_eviction_policy
-
-from spec_plugin import SpecPlugin
 
 ALL = torch.ones(4, dtype=torch.bool)
 

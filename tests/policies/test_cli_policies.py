@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from spec_plugin import SpecPlugin
 from torchrec_ascend.cli import cache_sim, policies
 from torchrec_ascend.policies.base import PolicySpec
 from torchrec_ascend.policies.builtin.recency import LRU
-
-from spec_plugin import SpecPlugin
 
 
 def _run(module, argv):

@@ -7,11 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policy_reference import collision_free_size
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.policies.hashing import mix64, uniform
 from torchrec_ascend.policies.key_table import BoundedKeyScores
-
-from policy_reference import collision_free_size
 
 M64 = (1 << 64) - 1
 KEY = st.integers(0, 2**63 - 1)

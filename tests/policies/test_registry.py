@@ -7,6 +7,7 @@ import importlib.metadata
 import pytest
 import torch
 
+from spec_plugin import SpecPlugin
 from torchrec_ascend.errors import ConfigError, PluginError
 from torchrec_ascend.plugin_manager import BLOCK_ENV, reset_plugin_manager
 from torchrec_ascend.policies.base import PolicySpec
@@ -20,8 +21,6 @@ from torchrec_ascend.policies.registry import (
     list_policies,
     split_policy_name,
 )
-
-from spec_plugin import SpecPlugin
 
 BUILTIN_EVICTION = {"lru", "lfu", "epoch_lru", "epoch_lfu", "ttl", "showclick"}
 BUILTIN_ADMISSION = {"count", "showclick", "probabilistic"}

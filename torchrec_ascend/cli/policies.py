@@ -44,7 +44,7 @@ def rows(entries: List[PolicyEntry]) -> List[dict]:
 def format_table(table: List[dict]) -> str:
     """Aligned text table of :func:`rows` output."""
     widths = {c: max([len(c)] + [len(str(r[c])) for r in table]) for c in COLUMNS}
-    line = lambda r: "  ".join(str(r[c]).ljust(widths[c]) for c in COLUMNS).rstrip()  # noqa: E731
+    line = lambda r: "  ".join(str(r[c]).ljust(widths[c]) for c in COLUMNS).rstrip()
     return "\n".join([line({c: c.upper() for c in COLUMNS})] + [line(r) for r in table])
 
 

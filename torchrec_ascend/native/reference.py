@@ -91,7 +91,7 @@ def hash_unique(ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Te
             counts.append(0)
         counts[index[i]] += 1
         inverse.append(index[i])
-    as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+    as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64)
     return as_tensor(list(index)), as_tensor(inverse), as_tensor(counts)
 
 

@@ -20,7 +20,8 @@ from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddi
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding, RwSparseFeaturesDist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.adapters import sharding as adapter
+from torchrec_ascend.errors import ConfigError, check_non_negative_ids
 from torchrec_ascend.native import ops
 
 
@@ -45,16 +46,10 @@ class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
     def forward(self, sparse_features: KeyedJaggedTensor) -> Any:
         device = sparse_features.values().device
         values = sparse_features.values().to("cpu")
-        if values.numel() and int(values.min()) < 0:
-            first = int((values < 0).nonzero()[0])
-            ends = torch.tensor(sparse_features.offset_per_key()[1:])
-            feature = sparse_features.keys()[int((ends <= first).sum())]
-            raise ValueError(
-                f"hash table {self._table_of.get(feature, '?')!r}, feature {feature!r}: IDs must be non-negative "
-                f"int64, got {int(values[first])}. Map negative IDs to non-negative ones (e.g. x & (2**63 - 1)) "
-                "before the lookup."
-            )
-        world = self._world_size
+        features = sparse_features.keys()
+        check_non_negative_ids(values, features, sparse_features.offset_per_key()[1:],
+                               [self._table_of.get(feature, "?") for feature in features])
+        world = adapter.world_size(self)
         weights = sparse_features.weights_or_none()
         lengths, bucketed, weights, permute = (
             t if t is None else t.to(device, non_blocking=True)
@@ -71,8 +66,8 @@ class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
             stride=None if variable else sparse_features.stride(),
             stride_per_key_per_rank=sparse_features.stride_per_key_per_rank() * world if variable else None,
         )
-        self.unbucketize_permute_tensor = permute if self._is_sequence else None
-        return self._dist(bucketized)
+        self.unbucketize_permute_tensor = permute if adapter.is_sequence(self) else None
+        return adapter.send(self, bucketized)
 
 
 def _table_of(sharding: Any) -> Dict[str, str]:
@@ -81,7 +76,7 @@ def _table_of(sharding: Any) -> Dict[str, str]:
 
 
 def _check_supported(sharding: Any, kind: str) -> None:
-    if getattr(sharding, "_has_feature_processor", False):
+    if adapter.has_feature_processor(sharding):
         raise ConfigError(
             f"row-wise hash tables [{', '.join(sharding.embedding_names())}] with a feature processor are not "
             f"supported ({kind}); shard them table_wise or column_wise."
@@ -94,7 +89,8 @@ class HashRwPooledEmbeddingSharding(RwPooledEmbeddingSharding):
     def create_input_dist(self, device: Optional[torch.device] = None) -> HashRwSparseFeaturesDist:
         _check_supported(self, "EmbeddingBagCollection")
         return HashRwSparseFeaturesDist(
-            pg=self._pg, table_of=_table_of(self), is_sequence=False, device=device if device is not None else self._device,
+            pg=adapter.process_group(self), table_of=_table_of(self), is_sequence=False,
+            device=device if device is not None else adapter.sharding_device(self),
         )
 
 
@@ -104,5 +100,6 @@ class HashRwSequenceEmbeddingSharding(RwSequenceEmbeddingSharding):
     def create_input_dist(self, device: Optional[torch.device] = None) -> HashRwSparseFeaturesDist:
         _check_supported(self, "EmbeddingCollection")
         return HashRwSparseFeaturesDist(
-            pg=self._pg, table_of=_table_of(self), is_sequence=True, device=device if device is not None else self._device,
+            pg=adapter.process_group(self), table_of=_table_of(self), is_sequence=True,
+            device=device if device is not None else adapter.sharding_device(self),
         )

@@ -86,7 +86,7 @@ def synchronize(device: DeviceLike = None) -> None:
     _ext().synchronize(_index(device))
 
 
-class device:  # noqa: N801 - torch's name
+class device:  # lowercase, as torch names it (torch.cuda.device)
     """Context manager that makes ``device`` the current device and restores the previous one."""
 
     def __init__(self, device: DeviceLike) -> None:
@@ -158,7 +158,7 @@ def stream(stream: Optional[torch.Stream]) -> Iterator[None]:
         _ext().set_current_stream_id(stream.device_index, previous)
 
 
-def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:  # noqa: N802
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:
     """An event of the current emulated device (``record``, ``wait``, ``query``, ``synchronize``, ``elapsed_time`` in
     host milliseconds). A ``torch.Event``: torch's event methods accept no subclass."""
     return torch.Event(device=torch.device(_NAME, current_device()), enable_timing=enable_timing, blocking=blocking,

@@ -14,7 +14,7 @@ _failure = os.environ.get("FBGEMM_ASCEND_STANDIN_IMPORT_ERROR")
 if _failure:
     raise ImportError(_failure)
 
-import fbgemm_gpu  # noqa: E402,F401  (defines the fbgemm:: op schemas these kernels implement)
+import fbgemm_gpu  # noqa: E402  (defines the fbgemm:: op schemas these kernels implement)
 import fbgemm_gpu.split_table_batched_embeddings_ops_training  # noqa: E402,F401  (the TBE lookup ops)
 import torch  # noqa: E402
 
