@@ -12,7 +12,7 @@ Hooks are called at discovery time only (listing what a plugin offers); nothing 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Optional
 
 import pluggy
 
@@ -28,7 +28,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def torchrec_ascend_device_backends() -> List["DeviceProfile"]:
+def torchrec_ascend_device_backends() -> Optional[List["DeviceProfile"]]:
     """Return the device backend profiles this plugin provides.
 
     Every implementation is called and the lists are concatenated; two profiles with the same ``name`` are an
@@ -37,7 +37,7 @@ def torchrec_ascend_device_backends() -> List["DeviceProfile"]:
 
 
 @hookspec
-def torchrec_ascend_policies() -> List["PolicySpec"]:
+def torchrec_ascend_policies() -> Optional[List["PolicySpec"]]:
     """Return the cache eviction and admission policies this plugin provides.
 
     Every implementation is called and the lists are concatenated. Each :class:`PolicySpec` carries the name a

@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -138,7 +138,20 @@ def _dedup(keys: List[int], limit: int) -> tuple:
     return unique[:limit], counts[:limit]
 
 
-class EvictionDriver:
+class _Driver:
+    """What both drivers share: a policy, the step, and policy calls whose exceptions are contract violations."""
+
+    policy: Any
+    step: int
+
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.policy, method)(*args, **kwargs)
+        except Exception as err:
+            raise ContractViolation(f"step {self.step}: {method} raised {type(err).__name__}: {err}") from err
+
+
+class EvictionDriver(_Driver):
     """Plays a cache owner around an eviction policy, checking every answer against a dict model.
 
     Args:
@@ -164,12 +177,6 @@ class EvictionDriver:
 
     def _fail(self, what: str) -> None:
         raise ContractViolation(f"step {self.step}: {what}")
-
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return getattr(self.policy, method)(*args, **kwargs)
-        except Exception as err:
-            raise ContractViolation(f"step {self.step}: {method} raised {type(err).__name__}: {err}") from err
 
     def _remove(self, slots: List[int]) -> None:
         by_slot = {s: k for k, s in self.slot_of.items()}
@@ -244,7 +251,7 @@ class EvictionDriver:
         return self.outputs
 
 
-class AdmissionDriver:
+class AdmissionDriver(_Driver):
     """Plays a table owner around an admission policy: offers keys not in the table, admits, forgets some.
 
     Args:
@@ -256,8 +263,6 @@ class AdmissionDriver:
         self.table: set = set()
         self.step = 0
         self.outputs: List[List[Any]] = []
-
-    _call = EvictionDriver._call
 
     def play(self, step: Step) -> None:
         """Offer the batch's keys that are not in the table; ``drop`` evicts the smallest table key first."""
@@ -396,7 +401,7 @@ def check_policy(
     for k in _kinds(name, kind):
         if k == "eviction":
             create_eviction_policy(name, capacity, **options)  # unknown names and options fail loudly, here
-            factory = _eviction_factory(name, capacity, options)
+            factory: Callable[[], Any] = _eviction_factory(name, capacity, options)
             driver: Callable[[Any], Any] = EvictionDriver
         else:
             factory = _admission_factory(name, options)
@@ -463,7 +468,9 @@ def _checks(
             )
 
     general = workloads["general workload"]
-    properties = {label: (strategy, well_formed) for label, strategy in workloads.items()}
+    properties: Dict[str, Tuple[Any, Callable[[Any], None]]] = {
+        label: (strategy, well_formed) for label, strategy in workloads.items()
+    }
     properties["deterministic"] = (general, deterministic)
     properties["state_dict round trip"] = (st.tuples(general, st.integers(0, max_steps)), round_trip)
     return [

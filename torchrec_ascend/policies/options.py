@@ -48,7 +48,7 @@ def non_negative(policy: str, option: str, value: Any) -> float:
     Raises:
         ConfigError: ``value`` is not a real number or is negative.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) >= 0:
         raise _fail(policy, option, "a real number >= 0", value)
     return float(value)
 
@@ -59,7 +59,7 @@ def fraction(policy: str, option: str, value: Any) -> float:
     Raises:
         ConfigError: ``value`` is not a real number in ``[0, 1]``.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) <= 1:
         raise _fail(policy, option, "a real number in [0, 1]", value)
     return float(value)
 

@@ -101,7 +101,7 @@ class PolicyEntry:
         """
         accepted = self.option_names()
         unknown = sorted(set(options) - set(accepted)) if accepted is not None else []
-        if unknown:
+        if unknown and accepted is not None:
             hints = [_suggest(u, accepted) for u in unknown]
             raise ConfigError(
                 f"{self.kind} policy {self.name!r} does not take option(s) {unknown}"

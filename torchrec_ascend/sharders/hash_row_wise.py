@@ -51,12 +51,13 @@ class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
                                [self._table_of.get(feature, "?") for feature in features])
         world = adapter.world_size(self)
         weights = sparse_features.weights_or_none()
-        lengths, bucketed, weights, permute = (
-            t if t is None else t.to(device, non_blocking=True)
-            # int32 IDs and lengths are taken as TorchRec takes them; an ID is placed by its int64 value.
-            for t in ops.hash_bucketize(sparse_features.lengths().to("cpu").long(), values.long(),
-                                        None if weights is None else weights.to("cpu"), world)
+        # int32 IDs and lengths are taken as TorchRec takes them; an ID is placed by its int64 value.
+        lengths, bucketed, weights, permute = ops.hash_bucketize(
+            sparse_features.lengths().to("cpu").long(), values.long(), None if weights is None else weights.to("cpu"),
+            world,
         )
+        lengths, bucketed, permute = (t.to(device, non_blocking=True) for t in (lengths, bucketed, permute))
+        weights = None if weights is None else weights.to(device, non_blocking=True)
         variable = sparse_features.variable_stride_per_key()
         bucketized = KeyedJaggedTensor(
             keys=list(sparse_features.keys()) * world,

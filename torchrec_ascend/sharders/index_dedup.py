@@ -41,7 +41,7 @@ def table_groups(hash_size_offsets: torch.Tensor) -> List[Tuple[int, int]]:
     held = _GROUPS.get(key)
     if held is None or held[0]() is not hash_size_offsets:  # a module's buffer never changes: read it (a D2H) once
         bounds = hash_size_offsets.tolist()
-        held = _GROUPS[key] = (weakref.ref(hash_size_offsets, lambda _, key=key: _GROUPS.pop(key, None)),
+        held = _GROUPS[key] = (weakref.ref(hash_size_offsets, lambda _: _GROUPS.pop(key, None)),
                                [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a])
     return held[1]
 

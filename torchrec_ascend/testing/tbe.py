@@ -56,7 +56,7 @@ def _cpu_layout(name: str, value: Any) -> Any:
 
 class _Bridge(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, placeholder: torch.Tensor, run: Any, aliased: Any) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, placeholder: torch.Tensor, run: Any, aliased: Any) -> torch.Tensor:
         with torch.enable_grad():
             host_out = run()
         ctx.host_out = host_out
@@ -64,7 +64,7 @@ class _Bridge(torch.autograd.Function):
         return _ext().device_copy(host_out.detach(), placeholder.device.index or 0)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[None, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[None, None, None]:
         host_out = ctx.host_out
         del ctx.host_out
         if host_out.requires_grad:

@@ -72,8 +72,9 @@ class TTL(ScoredEvictionPolicy):
         return self.last_step if self.ttl_seconds is None else self.last_time
 
     def expired(self, step: int) -> torch.Tensor:
-        if self.ttl_seconds is None:
+        if self.ttl_steps is not None:
             old = self.last_step < step - self.ttl_steps
         else:
+            assert self.ttl_seconds is not None  # __init__ sets exactly one of the two TTLs
             old = self.last_time < self.clock() - self.ttl_seconds
         return (self.resident & old).nonzero().squeeze(1)
