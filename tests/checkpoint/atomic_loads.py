@@ -22,7 +22,6 @@ import shutil
 import tempfile
 from typing import Any, Dict, List, NoReturn, Tuple
 
-import torch
 import torch.distributed as dist
 
 from torchrec_ascend.checkpoint import Saver
