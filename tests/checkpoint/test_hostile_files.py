@@ -16,11 +16,10 @@ from typing import Any, Callable, Dict, Iterator
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "fuzz"))
-from fuzz_saves import as_dict, read_everything, write_chain  # noqa: E402
-
-from torchrec_ascend.checkpoint.files import read_array  # noqa: E402
-from torchrec_ascend.checkpoint.versions import METADATA, save_directory  # noqa: E402
-from torchrec_ascend.errors import StorageError  # noqa: E402
+from fuzz_saves import as_dict, read_everything, write_chain
+from torchrec_ascend.checkpoint.files import read_array
+from torchrec_ascend.checkpoint.versions import METADATA, save_directory
+from torchrec_ascend.errors import StorageError
 
 RANK1 = "rank-00001-of-00002.data"
 
