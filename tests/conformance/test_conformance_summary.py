@@ -7,7 +7,12 @@ whose launch failed in setup); the device types and per-kernel copy counts its c
 from __future__ import annotations
 
 from torchrec_ascend.conformance_tests.summary import (
-    check_of, format_table, format_transfers, record, summarize, transfer_rows,
+    check_of,
+    format_table,
+    format_transfers,
+    record,
+    summarize,
+    transfer_rows,
 )
 
 ON_NPU = {"parameters": ["npu"], "optimizer": [], "outputs": ["npu"]}
