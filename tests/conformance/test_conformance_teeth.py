@@ -20,9 +20,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
-import broken_policy_plugin
 import pytest
 
+import broken_policy_plugin
 from torchrec_ascend.cli import main as cli_main
 from torchrec_ascend.plugin_manager import get_plugin_manager
 
