@@ -20,7 +20,6 @@ PLUGIN_NAME = "decayed_lfu"  # the entry-point name in examples/custom_policy/py
 def main() -> None:
     sys.path.insert(0, str(EXAMPLE_POLICY))
     import decayed_lfu_policy
-
     from torchrec_ascend.plugin_manager import get_plugin_manager
 
     manager = get_plugin_manager()
