@@ -14,7 +14,6 @@ from typing import Any, Dict, List
 
 import torch
 import torchrec
-from fresh_interpreter import report
 from torchrec.distributed.comm_ops import Request
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder
@@ -26,6 +25,7 @@ from torchrec.distributed.train_pipeline import train_pipelines
 from torchrec.distributed.train_pipeline.pipeline_stage import PipelineStage, SparseDataDistUtil
 from torchrec.distributed.utils import sharded_model_copy
 
+from fresh_interpreter import report
 from torchrec_ascend import backends
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hooks import process_group, sparse_ops
