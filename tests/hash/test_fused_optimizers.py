@@ -14,7 +14,6 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.errors import ConfigError
 
-
 pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
