@@ -169,7 +169,7 @@ def test_full_disk_fails_the_put_and_changes_nothing(tmp_path, monkeypatch):
     record = RecordFormat(WIDTH, torch.float32).nbytes
     with DiskStore(str(tmp_path), WIDTH, name="item_id", segment_bytes=3 * record) as store:
         store.put(torch.arange(4), random_rows(4, 7))  # segment 0 full, segment 1 holds one record
-        state = lambda: ({k: v for k, v in store.stats().items() if k != "records_read"},  # noqa: E731
+        state = lambda: ({k: v for k, v in store.stats().items() if k != "records_read"},
                          sorted(os.path.getsize(p) for p in segment_files(store)))
         before = state()
         real = os.pwrite
