@@ -155,7 +155,7 @@ def _trial_restore(
         raise
     except ConfigError as error:
         raise ConfigError(f"{where} do not fit the table: {error}") from None
-    except Exception as error:  # noqa: BLE001 - whatever a crafted state makes the slot table raise is corruption
+    except Exception as error:
         raise StorageError(f"{where} do not restore: {type(error).__name__}: {error}; the checkpoint is corrupted") from None
 
 
