@@ -21,11 +21,10 @@ import torch
 
 from torchrec_ascend.checkpoint.files import ArrayFileWriter, confined, read_array
 from torchrec_ascend.checkpoint.layout import ShardLayout
-from torchrec_ascend.checkpoint.schema import RECORD_FIELDS
 from torchrec_ascend.checkpoint.records import apply_increment, concat, empty, select
+from torchrec_ascend.checkpoint.schema import RECORD_FIELDS
 from torchrec_ascend.errors import StorageError
 from torchrec_ascend.kernels.fused import ShardRows
-
 
 
 def write_shard(
