@@ -26,8 +26,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, max_row_diff, rows_of, sharded_rows
+from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency
 from torchrec_ascend.kernels.key_value import cache_metrics
 
 DIM = 8
