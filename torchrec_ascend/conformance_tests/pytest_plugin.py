@@ -24,7 +24,13 @@ import pytest
 
 from torchrec_ascend.conformance_tests.config import CHECKS, SuiteConfig, add_options
 from torchrec_ascend.conformance_tests.summary import (
-    CaseOutcome, check_of, format_table, format_transfers, record, summarize, transfer_rows,
+    CaseOutcome,
+    check_of,
+    format_table,
+    format_transfers,
+    record,
+    summarize,
+    transfer_rows,
 )
 
 PACKAGE_DIR = Path(__file__).parent
