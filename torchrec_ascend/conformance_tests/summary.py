@@ -123,7 +123,7 @@ def format_table(rows: List[CheckRow], title: str = "") -> str:
     lines = [[r.check, r.cases, r.passed, r.failed, r.skipped, f"{r.seconds:.1f}", ",".join(sorted(r.devices)) or "-"]
              for r in [*rows, total]]
     width = max(len(header[0]), *(len(str(line[0])) for line in lines))
-    fmt = lambda cells: (f"{cells[0]:<{width}}" + "".join(f"  {c:>7}" for c in cells[1:-1])  # noqa: E731
+    fmt = lambda cells: (f"{cells[0]:<{width}}" + "".join(f"  {c:>7}" for c in cells[1:-1])
                          + f"  {cells[-1]}")
     out = ([title] if title else []) + [fmt(header)] + [fmt(line) for line in lines]
     reasons = [f"  {r.check}: {reason} ({n})" for r in rows for reason, n in r.reasons.items()]
