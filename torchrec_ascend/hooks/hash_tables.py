@@ -88,7 +88,7 @@ def _hash_row_wise(sharding_type: str, infos: List[Any]) -> bool:
         return False
     hashed = [FUSED_PARAMS_KEY in (i.fused_params or {}) for i in infos]
     if any(hashed) and not all(hashed):
-        names = lambda flag: [i.embedding_config.name for i, h in zip(infos, hashed) if h == flag]  # noqa: E731
+        names = lambda flag: [i.embedding_config.name for i, h in zip(infos, hashed) if h == flag]
         raise ConfigError(
             f"row_wise hash tables {names(True)} and row_wise plain tables {names(False)} are in one module: "
             "make the plain ones hash tables (HashEmbeddingBagConfig / HashEmbeddingConfig with the same "
