@@ -22,7 +22,6 @@ from torchrec_ascend.hooks import sparse_ops
 from torchrec_ascend.injection.patch import Patch
 from torchrec_ascend.versions import TORCHREC, TORCHREC_FBGEMM
 
-
 _SHARDER = "torchrec.distributed.embedding_types:BaseEmbeddingSharder"
 _FUSED_SHARDER = "torchrec.distributed.fused_embeddingbag:FusedEmbeddingBagCollectionSharder"
 _MC_SHARDER = "torchrec.distributed.mc_embedding_modules:BaseManagedCollisionEmbeddingCollectionSharder"
