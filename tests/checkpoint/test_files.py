@@ -16,7 +16,8 @@ from torchrec_ascend.checkpoint.files import ArrayFileWriter, read_array, read_j
 from torchrec_ascend.errors import StorageError
 
 DTYPES = st.sampled_from([np.bool_, np.int8, np.uint8, np.int32, np.int64, np.float16, np.float32, np.float64])
-ARRAYS = DTYPES.flatmap(lambda dtype: hnp.arrays(dtype, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)))
+SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)
+ARRAYS = DTYPES.flatmap(lambda dtype: hnp.arrays(dtype, SHAPES))
 
 
 def write(path: Path, *arrays: np.ndarray) -> list:
