@@ -68,8 +68,8 @@ def column_shard(col0: int, cols: int, ids: List[int], full: torch.Tensor, row_s
     weights = full[:, col0:col0 + cols]
     rows = torch.cat([weights, weights * 10, row_state[:, None]], dim=1)
     order = torch.randperm(len(ids))  # saved in slot order, not ID order
-    return layout, ShardRows(torch.tensor(ids)[order], torch.arange(len(ids))[order], torch.zeros(len(ids),
-                                                                                         dtype=torch.int64), rows[order])
+    state = torch.zeros(len(ids), dtype=torch.int64)
+    return layout, ShardRows(torch.tensor(ids)[order], torch.arange(len(ids))[order], state, rows[order])
 
 
 def test_columns_joined_and_cut_like_slices() -> None:
