@@ -112,7 +112,9 @@ def _eviction_ids_patch() -> None:
 
     original = SlotTable.assign
 
-    def assign(self: Any, ids: Any, training: bool, known: Any = None, signals: Any = None, on_evict: Any = None) -> Any:
+    def assign(
+        self: Any, ids: Any, training: bool, known: Any = None, signals: Any = None, on_evict: Any = None
+    ) -> Any:
         rotated = None if on_evict is None else (lambda slots, evicted: on_evict(slots, evicted.roll(1)))
         return original(self, ids, training, known=known, signals=signals, on_evict=rotated)
 
