@@ -57,7 +57,7 @@ def test_bad_settings_exit_2_with_the_reason(argv: list, message: str, capsys: A
 
 def test_unknown_device_lists_the_known_device_types() -> None:
     with pytest.raises(BackendError, match="known device types: cpu, cuda, npu"):
-        SuiteConfig(device="tpu").profile
+        SuiteConfig(device="tpu").profile  # noqa: B018  (the property access is what raises)
 
 
 def test_parse_policy() -> None:
@@ -122,7 +122,8 @@ def test_emulate_refuses_to_mix_with_torch_npu(monkeypatch: pytest.MonkeyPatch, 
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "torch_npu" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "torch_npu" else real(name, *a))
     assert cli_main(["conformance", "--device", "npu", "--emulate"]) == cli.USAGE_ERROR
     err = capsys.readouterr().err
     assert "--emulate refuses to run where torch_npu is installed" in err and "--device npu (no --emulate)" in err
