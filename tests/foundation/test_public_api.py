@@ -15,7 +15,7 @@ def test_public_name_resolves(name: str) -> None:
 
 def test_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
-        torchrec_ascend.Nope  # noqa: B018
+        torchrec_ascend.Nope  # noqa: B018  (the attribute access is what raises)
 
 
 def test_importing_the_package_imports_no_torch() -> None:
