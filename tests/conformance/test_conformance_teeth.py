@@ -5,8 +5,8 @@ one ``torchrec-ascend conformance --quick --only CHECK`` run in a subprocess) an
 bucketization, one fused optimizer update) or torchrec-ascend's own parts (the hash bucketizer, the slot table's
 eviction, the KEY_VALUE swap of optimizer state, the Saver, the dedup reverse index, and on the emulated NPU a
 dropped host-to-device copy). The same command without the fault is the control: it must pass, so the failures
-come from the fault; each fault must fail the cases that exercise the broken part, the check named. Broken policy: ``broken_policy_plugin.py`` is registered in-process and checked with
-``--policy`` next to a healthy one. Oracle: exit status and the JUnit report, case by case.
+come from the fault; each fault must fail the cases that exercise the broken part, the check named. Broken policy:
+``broken_policy_plugin.py`` is registered in-process and checked with ``--policy`` next to a healthy one. Oracle: exit status and the JUnit report, case by case.
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def test_the_emulated_npu_run_passes_on_npu(emulated_npu: None, tmp_path: Path) 
     accelerator path)."""
     status, output, outcomes = run_cli(EMULATED, tmp_path, {})
     rows = summary_rows(output)
-    for check, (cases, passed, failed, skipped, _, ran_on) in rows.items():
+    for check, (cases, passed, failed, _skipped, _, _ran_on) in rows.items():
         if check == "total":
             continue
         if check in NOT_YET_ON_THE_EMULATOR:
