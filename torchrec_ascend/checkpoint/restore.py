@@ -155,15 +155,19 @@ def _trial_restore(
         raise
     except ConfigError as error:
         raise ConfigError(f"{where} do not fit the table: {error}") from None
-    except Exception as error:
-        raise StorageError(f"{where} do not restore: {type(error).__name__}: {error}; the checkpoint is corrupted") from None
+    except Exception as error:  # whatever a crafted state makes the slot table raise is corruption
+        raise StorageError(
+            f"{where} do not restore: {type(error).__name__}: {error}; the checkpoint is corrupted"
+        ) from None
 
 
 def _resharded(
     layout: ShardLayout, sources: List[Tuple[ShardLayout, Dict[str, Any]]], chain: Chain
 ) -> Tuple[ShardRows, Dict[str, Any]]:
     """The records and state of a shard whose layout no saved shard has."""
-    overlapping = [(s, e) for s, e in sources if min(s.col0 + s.cols, layout.col0 + layout.cols) > max(s.col0, layout.col0)]
+    overlapping = [
+        (s, e) for s, e in sources if min(s.col0 + s.cols, layout.col0 + layout.cols) > max(s.col0, layout.col0)
+    ]
     pieces = [(source, read_chain_records(_entries_of(chain, source), keep=layout.owns)) for source, _ in overlapping]
     records = assemble(layout, pieces)
     n = records.ids.numel()
@@ -205,7 +209,7 @@ def _layout_of(entry: Dict[str, Any], directory: str) -> ShardLayout:
     try:
         return ShardLayout.from_json(entry["layout"])
     except (KeyError, TypeError) as error:
-        raise StorageError(f"checkpoint save '{directory}': a shard's layout in its metadata is malformed: {error}")
+        raise StorageError(f"checkpoint save '{directory}': a shard's layout in its metadata is malformed: {error}") from error
 
 
 def _check_compatible(layout: ShardLayout, saved: ShardLayout, directory: str) -> None:
