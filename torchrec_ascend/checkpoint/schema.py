@@ -135,7 +135,8 @@ def _check_shard(shard: Any, files: Dict[str, int], where: str) -> None:
         for name in RECORD_FIELDS[:3]:
             dtype, shape = specs[name][:2]
             if dtype.str not in _INT64 or len(shape) != 1 or shape != n:
-                raise _Bad(f"{where}, block {b}: {name} must be int64 [{n[0] if n else '?'}], got {dtype.str} {list(shape)}")
+                expected = n[0] if n else "?"
+                raise _Bad(f"{where}, block {b}: {name} must be int64 [{expected}], got {dtype.str} {list(shape)}")
         dtype, shape = specs["rows"][:2]
         if dtype.kind != "f" or shape != (*n, width):
             raise _Bad(f"{where}, block {b}: rows must be float [{n[0]}, {width}], got {dtype.str} {list(shape)}")
