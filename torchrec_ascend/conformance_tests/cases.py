@@ -154,7 +154,8 @@ def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     runnable = [c for c in cases if not c.skip and c.params["optimizer"] == "rowwise_adagrad"]
     dedup = [Case({**c.params, "dedup": "index_dedup"}, c.expect) for c in runnable if c.params["kind"] == "ec"]
     if quick:
-        return _quick(cases, ("ebc-row_wise-rowwise_adagrad",)) + _quick(dedup, ("ec-row_wise-rowwise_adagrad-index_dedup",))
+        return (_quick(cases, ("ebc-row_wise-rowwise_adagrad",))
+                + _quick(dedup, ("ec-row_wise-rowwise_adagrad-index_dedup",)))
     state_dict = [Case({**c.params, "state_dict": c.params["sharding_type"]}) for c in runnable
                   if c.params["kind"] == "ebc"]
     return cases + dedup + state_dict
