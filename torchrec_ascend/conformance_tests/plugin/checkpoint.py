@@ -220,7 +220,8 @@ def gathered_rows(model: Any, pg: Any) -> Dict[str, Dict[int, torch.Tensor]]:
     for kernel, t, layout in local_shards(model):
         blocks, _ = kernel.export_shard(t)
         for block in blocks:
-            local.append((layout.table, layout.to_global(block.ids).tolist(), block.rows[:, : layout.cols], layout.col0))
+            ids = layout.to_global(block.ids).tolist()
+            local.append((layout.table, ids, block.rows[:, : layout.cols], layout.col0))
     gathered: List[Any] = [None] * pg.size()
     dist.all_gather_object(gathered, local, group=pg)
     pieces: Dict[str, Dict[int, Dict[int, torch.Tensor]]] = {}
