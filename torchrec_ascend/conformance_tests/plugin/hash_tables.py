@@ -344,7 +344,7 @@ def _global_grads(kind: str, grads: List[torch.Tensor], batches: List[KeyedJagge
     """Per-feature gradient blocks in global-batch order, from the per-rank [rows, features*DIM] gradients."""
     keys = sorted(batches[0].keys())
     out = []
-    for f, key in enumerate(keys):
+    for f in range(len(keys)):
         per_rank = []
         for r, g in enumerate(grads):
             if kind == "ebc":
