@@ -90,7 +90,9 @@ class _Summary:
             terminalreporter.write_line(line)
         transfers = format_transfers(transfer_rows(self.outcomes))
         if transfers:
-            terminalreporter.write_line(f"host<->device copies and host syncs per training step on {suite.device_name}:")
+            terminalreporter.write_line(
+                f"host<->device copies and host syncs per training step on {suite.device_name}:"
+            )
             for line in transfers.splitlines():
                 terminalreporter.write_line(line)
         why = self.nothing_checked(suite)
