@@ -1,8 +1,8 @@
 """Check: hash tables sharded every way the device supports train like the unsharded hash module and a dict model.
 
 Runs ``plugin/hash_tables.py``: raw 63-bit IDs with repeats through stock collections of hash table configs, with
-the FUSED kernel; also ``use_index_dedup`` and stock ``state_dict()`` round trips. Oracles: the unsharded hash collection on the global batch, and a plain-Python ``ID -> row``
-model with the same deterministic initialisation and the optimizer written out.
+the FUSED kernel; also ``use_index_dedup`` and stock ``state_dict()`` round trips. Oracles: the unsharded hash
+collection on the global batch, and a plain-Python ``ID -> row`` model with the same deterministic initialisation and the optimizer written out.
 """
 
 from __future__ import annotations
