@@ -555,7 +555,9 @@ class DiskStore:
             records = seg.read_range(0, seg.count)
         except StorageError as error:
             self._damaged.add(seg.segment_id)
-            raise StorageError(f"{self.where}: {error}; its live rows are lost. Restore the table from a checkpoint")
+            raise StorageError(
+                f"{self.where}: {error}; its live rows are lost. Restore the table from a checkpoint"
+            ) from error
         locations = seg.segment_id * self.segment_records + np.arange(seg.count, dtype=np.int64)
         valid = np.flatnonzero(records[:, 1] == self._format.checksums(records, locations))
         part, fingerprint, _ = self._hash(records[valid, 0].view(np.int64))
