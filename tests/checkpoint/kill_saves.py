@@ -10,7 +10,8 @@ save after the first is under way, the parent sleeps a random fraction of a save
 Then, in the parent (one rank): every trial's path is loaded into a fresh model and compared, every row of every
 tier, with a model trained for as many steps without any save (the oracle). The job then resumes: one more step
 and an incremental save over the loaded one (which must clear the interrupted save), loaded again and compared.
-Last, copies of a checkpoint are damaged (a data file truncated, a byte flipped, the metadata truncated) and each load must raise StorageError naming the damaged file.
+Last, copies of a checkpoint are damaged (a data file truncated, a byte flipped, the metadata truncated) and each
+load must raise StorageError naming the damaged file.
 """
 
 from __future__ import annotations
