@@ -6,7 +6,8 @@ bucketization, one fused optimizer update) or torchrec-ascend's own parts (the h
 eviction, the KEY_VALUE swap of optimizer state, the Saver, the dedup reverse index, and on the emulated NPU a
 dropped host-to-device copy). The same command without the fault is the control: it must pass, so the failures
 come from the fault; each fault must fail the cases that exercise the broken part, the check named. Broken policy:
-``broken_policy_plugin.py`` is registered in-process and checked with ``--policy`` next to a healthy one. Oracle: exit status and the JUnit report, case by case.
+``broken_policy_plugin.py`` is registered in-process and checked with ``--policy`` next to a healthy one. Oracle:
+exit status and the JUnit report, case by case.
 """
 
 from __future__ import annotations
