@@ -2,7 +2,8 @@
 
 Runs ``plugin/hash_tables.py``: raw 63-bit IDs with repeats through stock collections of hash table configs, with
 the FUSED kernel; also ``use_index_dedup`` and stock ``state_dict()`` round trips. Oracles: the unsharded hash
-collection on the global batch, and a plain-Python ``ID -> row`` model with the same deterministic initialisation and the optimizer written out.
+collection on the global batch, and a plain-Python ``ID -> row`` model with the same deterministic initialisation
+and the optimizer written out.
 """
 
 from __future__ import annotations
