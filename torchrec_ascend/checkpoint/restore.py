@@ -209,7 +209,9 @@ def _layout_of(entry: Dict[str, Any], directory: str) -> ShardLayout:
     try:
         return ShardLayout.from_json(entry["layout"])
     except (KeyError, TypeError) as error:
-        raise StorageError(f"checkpoint save '{directory}': a shard's layout in its metadata is malformed: {error}") from error
+        raise StorageError(
+            f"checkpoint save '{directory}': a shard's layout in its metadata is malformed: {error}"
+        ) from error
 
 
 def _check_compatible(layout: ShardLayout, saved: ShardLayout, directory: str) -> None:
