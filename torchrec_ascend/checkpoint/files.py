@@ -30,7 +30,8 @@ import re
 import stat
 import struct
 import zlib
-from typing import Any, BinaryIO, Dict, Optional, Tuple
+import io
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -127,7 +128,7 @@ class ArrayFileWriter:
         if array.dtype.kind not in NUMERIC_KINDS:
             raise StorageError(f"checkpoint file '{self.path}': cannot store arrays of dtype {array.dtype}")
         array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
-        data = memoryview(array).cast("B") if array.size else memoryview(b"")
+        data = memoryview(array).cast("B") if array.size else memoryview(b"")  # type: ignore[arg-type]  # numpy types ndarray as a buffer only for Python >= 3.12
         padding = -self._offset % ALIGN if len(data) else 0
         try:
             self._file.write(b"\0" * padding)
@@ -199,7 +200,7 @@ def confined(directory: str, name: Any, what: str) -> str:
     return path
 
 
-def open_regular(path: str, what: str, max_bytes: int) -> BinaryIO:
+def open_regular(path: str, what: str, max_bytes: int) -> io.BufferedReader:
     """Open ``path`` for reading, refusing anything but a regular file of at most ``max_bytes`` (a FIFO or device
     would block or never end).
 
@@ -300,7 +301,7 @@ def read_array(path: str, entry: Dict[str, Any], what: str) -> np.ndarray:
                 )
             out = np.empty(shape, dtype=dtype)
             f.seek(offset)
-            view = memoryview(out).cast("B") if nbytes else memoryview(bytearray())
+            view = memoryview(out).cast("B") if nbytes else memoryview(bytearray())  # type: ignore[arg-type]  # numpy types ndarray as a buffer only for Python >= 3.12
             if f.readinto(view) != nbytes:
                 raise StorageError(f"checkpoint file '{path}': short read of {what}")
     except StorageError:
