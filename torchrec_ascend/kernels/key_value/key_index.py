@@ -28,10 +28,11 @@ import ctypes
 import ctypes.util
 import mmap
 import os
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple, cast
 
 import numpy as np
 import torch
+from numpy.typing import DTypeLike
 
 from torchrec_ascend.errors import CapacityError
 
@@ -46,7 +47,7 @@ _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 _U64 = np.uint64
 
 
-def reserve(dtype: np.dtype, length: int) -> np.ndarray:
+def reserve(dtype: DTypeLike, length: int) -> np.ndarray:
     """A zero-filled numpy array of ``length`` elements whose pages cost memory only once written.
 
     An anonymous private mapping with no swap reservation: growing what is used of it never copies and never
@@ -68,7 +69,7 @@ def release(array: np.ndarray, start: int, stop: int) -> None:
     first = -(-(base + start * array.itemsize) // PAGE) * PAGE
     last = (base + stop * array.itemsize) // PAGE * PAGE
     if last > first:
-        array.base.madvise(mmap.MADV_DONTNEED, first - base, last - first)
+        cast(mmap.mmap, array.base).madvise(mmap.MADV_DONTNEED, first - base, last - first)  # reserve()'s mapping
 
 
 def trim_heap() -> None:
@@ -126,7 +127,7 @@ class OpenTable:
 
     def __init__(self, dtype: type, partitions: int, max_buckets: int,
                  home_of: Callable[[np.ndarray, int, int], np.ndarray]) -> None:
-        self.dtype = np.dtype(dtype)
+        self.dtype: np.dtype = np.dtype(dtype)
         self.tomb = np.iinfo(self.dtype).max
         self.partitions = partitions
         self.stride = max(MIN_BUCKETS, max_buckets)
