@@ -85,6 +85,11 @@ class SegmentFile:
         self._map: Optional[mmap.mmap] = None
         self._view: Optional[np.ndarray] = None  # uint64 [mapped records, words] over a read-only mmap
 
+    def _open_fd(self) -> int:
+        if self._fd is None:
+            raise StorageError(f"segment file '{self.path}' is closed")
+        return self._fd
+
     def append(self, records: np.ndarray) -> int:
         """Write ``records`` (uint64 ``[n, words]``, contiguous) after the last one; return the first offset.
 
@@ -94,7 +99,8 @@ class SegmentFile:
             OSError: the write failed; ``count`` is unchanged (call :meth:`truncate` to drop partial bytes).
         """
         first = self.count
-        pwrite_all(self._fd, memoryview(np.ascontiguousarray(records)).cast("B"), first * self.record_bytes)
+        data = memoryview(np.ascontiguousarray(records)).cast("B")  # type: ignore[arg-type]  # numpy types ndarray as a buffer only for Python >= 3.12
+        pwrite_all(self._open_fd(), data, first * self.record_bytes)
         self.count += records.shape[0]
         return first
 
@@ -103,13 +109,13 @@ class SegmentFile:
         self.count = count
         self._unmap()
         try:
-            os.ftruncate(self._fd, count * self.record_bytes)
+            os.ftruncate(self._open_fd(), count * self.record_bytes)
         except OSError:
             pass  # bytes past `count` are never read and get overwritten by the next append
 
     def size_on_disk(self) -> int:
         """The file's current size in bytes, from ``fstat`` (shows truncation by anyone)."""
-        return os.fstat(self._fd).st_size
+        return os.fstat(self._open_fd()).st_size
 
     def readable(self) -> int:
         """How many records can be read: those written that the file on disk still holds in full."""
@@ -136,10 +142,11 @@ class SegmentFile:
             )
         if self._view is None or high >= self._view.shape[0]:
             self._unmap()
-            self._map = mmap.mmap(self._fd, readable * self.record_bytes, access=mmap.ACCESS_READ)
+            self._map = mmap.mmap(self._open_fd(), readable * self.record_bytes, access=mmap.ACCESS_READ)
             self._map.madvise(mmap.MADV_RANDOM)  # no read-around: a 4 KiB page per record, not 128 KiB
             self._view = np.frombuffer(self._map, dtype=np.uint64).reshape(readable, self.words)
         records = self._view[offsets]
+        assert self._map is not None  # mapped together with _view
         self._map.madvise(mmap.MADV_DONTNEED)
         return records
 
@@ -152,9 +159,9 @@ class SegmentFile:
         if not 0 <= start <= stop <= self.count:
             raise StorageError(f"segment file '{self.path}': records [{start}, {stop}) asked for, {self.count} written")
         records = np.empty((stop - start, self.words), dtype=np.uint64)
-        view, done = memoryview(records).cast("B"), 0
+        view, done = memoryview(records).cast("B"), 0  # type: ignore[arg-type]  # numpy types ndarray as a buffer only for Python >= 3.12
         while done < len(view):
-            got = os.preadv(self._fd, [view[done:]], start * self.record_bytes + done)
+            got = os.preadv(self._open_fd(), [view[done:]], start * self.record_bytes + done)
             if got <= 0:
                 raise StorageError(
                     f"segment file '{self.path}' is truncated: {done} of {len(view)} bytes of records "
