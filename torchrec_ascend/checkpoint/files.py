@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -30,7 +31,6 @@ import re
 import stat
 import struct
 import zlib
-import io
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
