@@ -125,9 +125,9 @@ class OpenTable:
         table = OpenTable(np.uint32, 1, 64, lambda e, p, size: (e % size).astype(np.int64))
     """
 
-    def __init__(self, dtype: type, partitions: int, max_buckets: int,
+    def __init__(self, dtype: DTypeLike, partitions: int, max_buckets: int,
                  home_of: Callable[[np.ndarray, int, int], np.ndarray]) -> None:
-        self.dtype: np.dtype = np.dtype(dtype)
+        self.dtype = np.dtype(dtype)
         self.tomb = np.iinfo(self.dtype).max
         self.partitions = partitions
         self.stride = max(MIN_BUCKETS, max_buckets)
