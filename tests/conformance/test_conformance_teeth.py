@@ -199,7 +199,6 @@ EMULATED = ["conformance", "--device", "npu", "--emulate", "--quick"]
 #: Checks that do not pass on the emulated NPU yet, and why (README, Devices). Every other check must pass there,
 #: and each of these must still fail: one that starts passing fails this test until it leaves the list.
 NOT_YET_ON_THE_EMULATOR = {
-    "sharding": "stock/sharding_matrix.py still builds on the CPU (it reports 'ran on cpu, not npu')",
     "checkpoint": "a round trip leaves a parameter on the CPU after loading; a reshard into KEY_VALUE trains 0.1 off",
 }
 
@@ -228,7 +227,7 @@ def test_the_emulated_npu_run_passes_on_npu(emulated_npu: None, tmp_path: Path) 
             assert int(failed) > 0, f"{check} passes on the emulator now: remove it from NOT_YET_ON_THE_EMULATOR"
         else:
             assert (passed, failed) == (cases, "0"), f"{check} failed on the emulated npu:\n{output}"
-    for check in ("hash_tables", "key_value", "pipeline"):
+    for check in ("sharding", "hash_tables", "key_value", "pipeline"):
         assert rows[check][-1] == "npu", f"{check} did not report npu residency: {rows[check]}"
     assert status == (1 if NOT_YET_ON_THE_EMULATOR else 0), output
     assert "copies and host syncs per training step on npu (emulated)" in output, output

@@ -175,6 +175,19 @@ def fbgemm() -> Dict[str, Any]:
         for a, b in zip(expected, got))
     facts["bucketize_devices"] = [str(t.device) for t in got if t is not None]
 
+    # An op whose autograd fbgemm registers for AutogradCPU only (TorchRec's column-wise output permute): the same
+    # output and input gradient on npu as on the CPU (without the emulator's bridge the gradient was dropped).
+    lists = [torch.tensor(x) for x in ([0, 2, 5, 8], [2, 0, 1], [0, 3, 5, 8], [1, 2, 0])]
+    pooled, upstream = torch.randn(4, 8, requires_grad=True), torch.randn(4, 8)
+    split = fb.permute_pooled_embs_auto_grad_split
+    (split(pooled, *lists) * upstream).sum().backward()
+    on_npu = pooled.detach().npu().requires_grad_()
+    out = split(on_npu, *(x.npu() for x in lists))
+    (out * upstream.npu()).sum().backward()
+    facts["split_permute"] = [torch.equal(out.cpu(), split(pooled, *lists)), str(out.device),
+                              on_npu.grad is not None and torch.equal(on_npu.grad.cpu(), pooled.grad),
+                              str(on_npu.grad.device) if on_npu.grad is not None else None]
+
     # permute_2D_sparse_data on npu tensors equals its CPU result.
     permute = torch.tensor([1, 0], dtype=torch.int32)
     plengths = torch.tensor([[1, 2], [2, 1]])

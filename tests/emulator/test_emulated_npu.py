@@ -115,6 +115,10 @@ def test_fbgemm_ops_run_on_npu_tensors_like_on_cpu(fbgemm: Dict[str, Any]) -> No
     assert fbgemm["permute_equal"] is True
 
 
+def test_per_backend_autograd_of_fbgemm_ops_runs_on_npu(fbgemm: Dict[str, Any]) -> None:
+    assert fbgemm["split_permute"] == [True, "npu:0", True, "npu:0"]
+
+
 def test_withheld_op_has_no_npu_kernel(fbgemm: Dict[str, Any]) -> None:
     assert fbgemm["withheld"] == ["fbgemm::block_bucketize_sparse_features"]
     assert fbgemm["held_names"] == ["fbgemm::asynchronous_complete_cumsum"]

@@ -30,6 +30,7 @@ def main() -> None:
     os.environ[DEVICE_ENV] = EMULATED_BACKEND
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` does: its siblings import
     runpy.run_path(script, run_name="__main__")
 
 

@@ -25,15 +25,19 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
+# The scripts' side lives with the stock scripts (which never import this package): re-exported here.
+from torchrec_ascend.conformance_tests.stock.device_env import (  # noqa: F401
+    BACKEND_ENV,
+    DEFAULT_DEVICE,
+    DEVICE_ENV,
+    process_group_backend,
+    script_device,
+)
+
 STOCK_SCRIPTS = Path(__file__).parent / "stock"
-#: ``torch.device`` type the scripts place models and batches on (default ``cpu``).
-DEVICE_ENV = "TORCHREC_ASCEND_CONFORMANCE_DEVICE"
-#: ``torch.distributed`` backend the scripts initialise their process group with (default ``gloo``).
-BACKEND_ENV = "TORCHREC_ASCEND_CONFORMANCE_BACKEND"
 #: ``1``: the ranks run on torchrec_ascend.testing's emulated NPU (``torchrec-ascend conformance --emulate``).
 EMULATE_ENV = "TORCHREC_ASCEND_CONFORMANCE_EMULATE"
 EMULATED_RUN = "torchrec_ascend.conformance_tests.emulated_run"
-_DEFAULT_DEVICE, _DEFAULT_BACKEND = "cpu", "gloo"
 
 
 class LaunchError(RuntimeError):
@@ -105,35 +109,6 @@ def python_command(script: Path, env: Mapping[str, str], python: Optional[List[s
     return [*python, str(script)]
 
 
-def process_group_backend() -> str:
-    """The collective backend a script should pass to ``init_process_group`` (``gloo`` unless the suite says).
-
-    Example::
-
-        dist.init_process_group(process_group_backend(), timeout=datetime.timedelta(seconds=120))
-    """
-    return os.environ.get(BACKEND_ENV) or _DEFAULT_BACKEND
-
-
-def script_device() -> Any:
-    """The ``torch.device`` a script's rank should use: its local accelerator index, or the CPU.
-
-    Returns:
-        torch.device: ``cpu``, or ``<type>:<LOCAL_RANK>`` for an accelerator (torchrun sets ``LOCAL_RANK``).
-
-    Example::
-
-        device = script_device()
-        model = DistributedModelParallel(module, device=device, ...)
-    """
-    import torch  # the launcher itself stays importable without torch
-
-    device_type = os.environ.get(DEVICE_ENV) or _DEFAULT_DEVICE
-    if device_type == _DEFAULT_DEVICE:
-        return torch.device(device_type)
-    return torch.device(device_type, int(os.environ.get("LOCAL_RANK", "0")))
-
-
 def ran_on(run: Mapping[str, Any]) -> str:
     """The device type a finished run reports in ``info["device"]`` (``cpu`` for scripts that do not report it).
 
@@ -141,7 +116,7 @@ def ran_on(run: Mapping[str, Any]) -> str:
 
         ran_on(run_distributed(script, 2, cases))   # 'cpu'
     """
-    return str((run.get("info") or {}).get("device", _DEFAULT_DEVICE))
+    return str((run.get("info") or {}).get("device", DEFAULT_DEVICE))
 
 
 def _tail(*streams: Any, limit: int = 6000) -> str:

@@ -163,9 +163,10 @@ def _provide_fbgemm_ops() -> List[str]:
         and not has(n, "PrivateUse1")
     ]
     _extension().provide_ops(names)
-    from torchrec_ascend.testing import tbe
+    from torchrec_ascend.testing import host_autograd, tbe
 
     tbe.register()
+    host_autograd.register()
     return names
 
 

@@ -20,24 +20,22 @@ Case kinds (JSON objects):
 * ``{"kind": "pipeline", "pipeline": "sparse_dist"|"prefetch"|"eval"|"semi_sync", "kernel": "fused"|"key_value"}``:
   a stock TorchRec pipeline vs a plain loop, same initial weights; every step's output, a held-out batch's output
   in eval mode and (FUSED) the final weights are compared.
-* ``{"kind": "copy"}``: ``DistributedModelParallel.copy()`` to the CPU: same outputs and weights, and the copy trains.
+* ``{"kind": "copy"}``: ``DistributedModelParallel.copy()`` to the device it is on: same outputs and weights, and the
+  copy trains.
 
-Rank 0 writes one result per case: ``ok``, ``fwd_err``, ``weight_err``, ``moved`` (how far the weights moved, so a
-no-op cannot pass) and ``error`` (the exception text if the case raised).
+The sharded model and its batches live on the suite's device (``device_env.script_device()``: the
+``TORCHREC_ASCEND_CONFORMANCE_DEVICE`` the suite sets from the backend profile, the CPU when unset); the unsharded
+reference stays on the CPU. The cases run through the suite's shared loop (``case_loop.main``, stock-only like this
+script). Rank 0 writes one result per case: ``fwd_err``, ``weight_err``, ``moved`` (how far the weights moved, so a
+no-op cannot pass), ``residency`` (where the sharded model's parameters, optimizer state, batches and outputs
+lived) and ``error`` (the exception text if the case raised).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import copy
 import dataclasses
-import datetime
-import gc
-import json
-import os
 import sys
-import traceback
 from typing import Any, Dict, List, Tuple
 
 import torch
@@ -53,6 +51,13 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+if __package__:  # imported through the suite's package (the plugin's scripts reuse its models)
+    from .case_loop import main, residency
+    from .device_env import script_device
+else:  # run as a script (torchrun): this folder is sys.path[0], and torchrec_ascend is never imported here
+    from case_loop import main, residency
+    from device_env import script_device
 
 DIM = 16  # every table's dim; column-wise types split it into 8-wide shards
 TABLES = [("t0", 40, DIM), ("t1", 48, DIM), ("t2", 32, DIM)]  # name, rows, dim
@@ -189,7 +194,7 @@ def output_rows(kind: str, out: Any) -> torch.Tensor:
 
 def loss_of(kind: str, rows: torch.Tensor, step: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed + step)
-    return (rows * torch.randn(rows.shape, generator=gen)).sum()
+    return (rows * torch.randn(rows.shape, generator=gen).to(rows.device)).sum()
 
 
 def split_rank_rows(
@@ -222,15 +227,16 @@ def plan_and_shard(
                                 cache_params=cache)
         for n, _, _ in TABLES
     }
+    device = script_device()
     planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=pg.size(), compute_device="cpu"), constraints=constraints
+        topology=Topology(world_size=pg.size(), compute_device=device.type), constraints=constraints
     )
     sharders = get_default_sharders()
     # Every rank plans (deterministically) instead of collective_plan: a planning error then fails all ranks alike
     # instead of leaving the others waiting in the plan broadcast.
     plan = planner.plan(module, sharders)
     return DistributedModelParallel(
-        module, env=ShardingEnv.from_process_group(pg), device=torch.device("cpu"), plan=plan, sharders=sharders
+        module, env=ShardingEnv.from_process_group(pg), device=device, plan=plan, sharders=sharders
     )
 
 
@@ -286,9 +292,9 @@ def max_weight_error(dmp: torch.nn.Module, reference: Dict[str, torch.Tensor]) -
         ref = reference[_unsharded_name(name)]
         if hasattr(value, "local_shards"):
             for shard in value.local_shards():
-                err = max(err, _max_abs(shard.tensor.float() - _slice(ref, shard.metadata)))
+                err = max(err, _max_abs(shard.tensor.float().cpu() - _slice(ref, shard.metadata)))
         else:
-            err = max(err, _max_abs(value.float() - ref))
+            err = max(err, _max_abs(value.float().cpu() - ref))
     return err
 
 
@@ -332,7 +338,7 @@ def run_sharding_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, 
     # all-to-all backward otherwise): the reference loss is the mean of the ranks' losses.
     scale = 1.0 / world
 
-    fwd_err = 0.0
+    fwd_err, device = 0.0, script_device()
     for step in range(STEPS):
         ref_out = reference(global_batch(step, world, variant))
         mine = split_rank_rows(kind, ref_out, step, rank, world, variant)
@@ -342,8 +348,9 @@ def run_sharding_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, 
         )
         (total * scale).backward()
 
-        out = output_rows(kind, dmp(make_batch(step, rank, variant)))
-        fwd_err = max(fwd_err, _max_abs(out - mine.detach()))
+        batch = make_batch(step, rank, variant).to(device)
+        out = output_rows(kind, dmp(batch))
+        fwd_err = max(fwd_err, _max_abs(out.detach().cpu() - mine.detach()))
         loss_of(kind, out, step, seed=100 * rank).backward()
         if dense is not None:
             dense.step()
@@ -355,13 +362,14 @@ def run_sharding_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, 
         reference.eval()
         with torch.no_grad():
             mine = split_rank_rows(kind, reference(global_batch(STEPS, world, variant)), STEPS, rank, world, variant)
-            eval_err = _max_abs(output_rows(kind, dmp(make_batch(STEPS, rank, variant))) - mine)
+            eval_err = _max_abs(output_rows(kind, dmp(make_batch(STEPS, rank, variant).to(device))).cpu() - mine)
         fwd_err = max(fwd_err, eval_err)
     final = {k: v.detach() for k, v in reference.state_dict().items()}
     moved = max((final[k] - initial[k]).abs().max().item() for k in final)
     shards = [len(getattr(p.sharding_spec, "shards", []) or []) for p in dmp.plan.plan[""].values()]
     return {"fwd_err": fwd_err, "eval_err": eval_err, "weight_err": max_weight_error(dmp, final), "moved": moved,
-            "shards": max(shards)}
+            "shards": max(shards),
+            "residency": residency(parameters=dmp, optimizer=[dmp.fused_optimizer, dense], inputs=batch, outputs=out)}
 
 
 def _max_abs(diff: torch.Tensor) -> float:
@@ -412,17 +420,19 @@ def _pipeline(name: str, model: Any, optimizer: Any) -> Any:
         TrainPipelineSemiSync,
     )
 
-    cpu = torch.device("cpu")
+    device = script_device()
     if name == "semi_sync":  # refused on the CPU by the plugin (TorchRec's lookup there needs CUDA streams)
-        return TrainPipelineSemiSync(model, optimizer, cpu, start_batch=0)
+        return TrainPipelineSemiSync(model, optimizer, device, start_batch=0)
     cls = {"sparse_dist": TrainPipelineSparseDist, "prefetch": PrefetchTrainPipelineSparseDist,
            "eval": EvalPipelineSparseDist}[name]
-    return cls(model, optimizer, cpu)
+    return cls(model, optimizer, device)
 
 
 def _plain_outputs(name: str, model: Any, optimizer: Any, batches: List[Any]) -> List[torch.Tensor]:
     """What the pipeline must produce, in a plain loop: every batch's logits (a pipeline's ``progress()`` returns
-    the model's output, not its loss), with the same updates."""
+    the model's output, not its loss), with the same updates. The batches go to the device here, as the pipeline
+    copies them."""
+    batches = [b.to(script_device()) for b in batches]
     if name == "eval":
         model.eval()
         with torch.no_grad():
@@ -464,7 +474,7 @@ def run_pipeline_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, 
         raise RuntimeError(f"{name}: the pipeline ran {len(outputs)} of {steps} batches")
     fwd_err = max(_max_abs(a - b) for a, b in zip(outputs, expected))
     pipeline.detach()  # the model's own forward again
-    held_out = pipeline_batch(steps, rank)
+    held_out = pipeline_batch(steps, rank).to(script_device())
     for model in (plain, piped):
         model.eval()
     with torch.no_grad():
@@ -479,37 +489,42 @@ def run_pipeline_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, 
                 continue  # a placeholder of the table's shape: its rows live in the cache tiers
             for a, b in zip(value.local_shards(), other.local_shards()):
                 err = max(err, _max_abs(a.tensor - b.tensor))
-                moved = max(moved, _max_abs(a.tensor - _slice(ref, a.metadata)))
+                moved = max(moved, _max_abs(a.tensor.cpu() - _slice(ref, a.metadata)))
         else:
             err = max(err, _max_abs(value - other))
             if ref is not None and name != "eval":
-                moved = max(moved, _max_abs(value - ref))
+                moved = max(moved, _max_abs(value.cpu() - ref))
     if name == "eval":
         moved = max(_max_abs(x) for x in outputs)  # nothing trains; the outputs must not be all zero
-    return {"fwd_err": fwd_err, "weight_err": err, "moved": moved, "steps": len(outputs)}
+    return {"fwd_err": fwd_err, "weight_err": err, "moved": moved, "steps": len(outputs),
+            "residency": residency(parameters=piped, optimizer=[piped.fused_optimizer, piped_opt], inputs=held_out,
+                                   outputs=outputs)}
 
 
 def run_copy_case(pg: dist.ProcessGroup) -> Dict[str, Any]:
-    """``DMP.copy()``: the copy's outputs and weights equal the original's, and the copy trains. (Copied to the device
-    it is on, stock ``DMP.copy()`` shares the sharded tables' storage with the original: a step of either moves
-    both.)"""
+    """``DMP.copy()`` to the suite's device: the copy's outputs and weights equal the original's, and the copy trains.
+    (Copied to the device it is on, stock ``DMP.copy()`` shares the sharded tables' storage with the original: a step
+    of either moves both. A copy to another device before the first forward keeps the lazily made input dists on the
+    original's device: stock TorchRec, any device.)"""
     torch.manual_seed(0)
     module = make_module("ebc")
     apply_optimizer_in_backward(torch.optim.SGD, module.embedding_bags.parameters(), {"lr": LR})
     dmp = plan_and_shard(module, "table_wise", pg)
     saved = torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__
     try:
-        copied = dmp.copy(torch.device("cpu"))
+        copied = dmp.copy(script_device())
     finally:  # stock sharded_model_copy leaves these patched when it fails half-way
         torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__ = saved
-    batch = make_batch(0, pg.rank())
+    batch = make_batch(0, pg.rank()).to(script_device())
     before = output_rows("ebc", dmp(batch)).detach()
     err = _max_abs(output_rows("ebc", copied(batch)) - before)
     original = {k: _local_rows(v) for k, v in dmp.state_dict().items()}
     weight_err = max(_max_abs(_local_rows(v) - original[k]) for k, v in copied.state_dict().items())
     loss_of("ebc", output_rows("ebc", copied(batch)), 0, seed=100 * pg.rank()).backward()  # trains the copy only
     moved = max(_max_abs(_local_rows(v) - original[k]) for k, v in copied.state_dict().items())
-    return {"fwd_err": err, "weight_err": weight_err, "moved": moved}
+    return {"fwd_err": err, "weight_err": weight_err, "moved": moved,
+            "residency": residency(parameters=copied, optimizer=[copied.fused_optimizer], inputs=batch,
+                                   outputs=before)}
 
 
 def _local_rows(value: Any) -> torch.Tensor:
@@ -521,59 +536,18 @@ def _local_rows(value: Any) -> torch.Tensor:
 
 
 def run_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, Any]:
-    try:
-        if case["kind"] == "pipeline":
-            result = run_pipeline_case(case, pg)
-        elif case["kind"] == "copy":
-            result = run_copy_case(pg)
-        else:
-            result = run_sharding_case(case, pg)
-        result["error"] = ""
-    except Exception as err:  # reported per case, so one failure does not hide the others
-        traceback.print_exc()  # at once: the other ranks may be left waiting in a collective
-        result = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
-    # Every rank's numbers matter: take the worst over ranks.
-    gathered: List[Any] = [None] * pg.size()
-    dist.all_gather_object(gathered, result, group=pg)
-    merged = dict(case)
-    merged["error"] = "; ".join(sorted({g["error"] for g in gathered if g["error"]}))
-    merged["traceback"] = next((g.get("traceback", "") for g in gathered if g["error"]), "")
-    for key in ("fwd_err", "eval_err", "weight_err", "moved", "shards", "steps"):
-        values = [g[key] for g in gathered if g.get(key) is not None]
-        merged[key] = max(values) if values else None
-    return merged
+    if case["kind"] == "pipeline":
+        return run_pipeline_case(case, pg)
+    if case["kind"] == "copy":
+        return run_copy_case(pg)
+    return run_sharding_case(case, pg)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", required=True, help="JSON list of case objects")
-    parser.add_argument("--out", required=True, help="where rank 0 writes the JSON results")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    # A rank that fails mid-case leaves the others in a collective: time out instead of hanging.
-    # The conformance suite names the collective backend of the device under test (it never imports us here).
-    backend = os.environ.get("TORCHREC_ASCEND_CONFORMANCE_BACKEND", "gloo")
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
-    pg = dist.group.WORLD
-    results = []
-    for case in json.loads(args.cases):
-        results.append(run_case(case, pg))
-        gc.collect()  # free each case's sharded modules (and their DDP/comm threads) while the group is alive
-    if dist.get_rank() == 0:
-        # Read what torch's entry point left in sys.modules, without importing anything of the plugin.
-        autoload = sys.modules.get("torchrec_ascend.injection.autoload")
-        state = autoload.STATUS.state if autoload is not None else "not loaded"
-        info = {"plugin_state": state, "argv": sys.argv, "pid": os.getpid(), "backend": backend}
-        with open(args.out, "w") as f:
-            json.dump({"info": info, "results": results}, f, indent=1)
-    dist.barrier()  # no rank tears down its connections while another still talks to it
-    dist.destroy_process_group()
-    # Results are written; finalization with torch's communication threads alive can abort ("terminate called
-    # without an active exception") after the work is done, so end here.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+def plugin_state() -> Dict[str, Any]:
+    """What torch's entry point left in sys.modules: the plugin's state, read without importing anything of it."""
+    autoload = sys.modules.get("torchrec_ascend.injection.autoload")
+    return {"plugin_state": autoload.STATUS.state if autoload is not None else "not loaded", "argv": sys.argv}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main(__doc__, run_case, worst=("fwd_err", "eval_err", "weight_err", "moved", "shards", "steps"), info=plugin_state)
