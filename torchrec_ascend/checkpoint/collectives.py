@@ -40,7 +40,7 @@ class Group:
     def __init__(self, process_group: Optional[Any]) -> None:
         if process_group is None and dist.is_available() and dist.is_initialized():
             process_group = dist.group.WORLD
-        self.process_group = process_group
+        self.process_group: Any = process_group
         self.rank = dist.get_rank(process_group) if process_group is not None else 0
         self.size = dist.get_world_size(process_group) if process_group is not None else 1
 
