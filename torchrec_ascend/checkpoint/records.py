@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple, cast
 
 import torch
 
@@ -170,7 +170,7 @@ def _join_state(
             )
         if len(pieces) == 1:  # the value as saved (a weighted mean of one would round)
             return ordered[0].rows[:, offsets[0] : offsets[0] + 1]
-        total = sum(w * r.rows[:, o : o + 1] for w, r, o in zip(weights, ordered, offsets))
+        total = cast(torch.Tensor, sum(w * r.rows[:, o : o + 1] for w, r, o in zip(weights, ordered, offsets)))
         return total / sum(weights)
     source = pieces[0][0]
     if len(pieces) != 1 or (source.col0, source.cols) != (target.col0, target.cols):
