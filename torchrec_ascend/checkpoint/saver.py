@@ -211,7 +211,7 @@ def local_shards(model: torch.nn.Module) -> List[LocalShard]:
         for kernel, t, layout in local_shards(dmp):
             print(layout.table, layout.col0, layout.bucket, kernel.slot_table(t).stats()["size"])
     """
-    shards = [
+    shards: List[LocalShard] = [
         (kernel, t, ShardLayout.of(kernel.shard_info(t)))
         for kernel in sharded_kernels(model)
         if isinstance(kernel, HashRows)
