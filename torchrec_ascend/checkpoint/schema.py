@@ -95,9 +95,9 @@ def _check(metadata: Dict[str, Any], version: int, directory: str) -> None:
     if (not chain or not all(_int_in(v, 1, MAX_VERSION) for v in chain) or chain != sorted(set(chain))
             or chain[-1] != version):
         raise _Bad(f"the chain {chain!r} is not ascending save numbers ending with this save ({version})")
-    kind = "full" if len(chain) == 1 else "incremental"
-    if metadata["kind"] != kind:
-        raise _Bad(f"kind {metadata['kind']!r} does not match its chain {chain} (a {kind} save)")
+    chain_kind = "full" if len(chain) == 1 else "incremental"
+    if metadata["kind"] != chain_kind:
+        raise _Bad(f"kind {metadata['kind']!r} does not match its chain {chain} (a {chain_kind} save)")
     if not _int_in(metadata["world_size"], 1, 1 << 24):
         raise _Bad(f"world_size {metadata['world_size']!r} is not a positive int")
     files = metadata["files"]
@@ -109,11 +109,11 @@ def _check(metadata: Dict[str, Any], version: int, directory: str) -> None:
     for n, shard in enumerate(metadata["shards"]):
         _check_shard(shard, files, f"shard {n}")
         layout = shard["layout"]
-        key = (layout["table"], layout["col0"], layout["bucket"], layout["buckets"], layout["row_offset"])
-        if key in seen:
+        shard_key = (layout["table"], layout["col0"], layout["bucket"], layout["buckets"], layout["row_offset"])
+        if shard_key in seen:
             raise _Bad(f"shard {n} repeats a shard of table {layout['table']!r} (columns from {layout['col0']}, "
                        f"row block {layout['bucket']} of {layout['buckets']})")
-        seen.add(key)
+        seen.add(shard_key)
 
 
 def _check_shard(shard: Any, files: Dict[str, int], where: str) -> None:
