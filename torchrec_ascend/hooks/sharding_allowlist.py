@@ -100,7 +100,7 @@ def _topology_init(original: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, world_size: int, compute_device: str, *args: Any, **kwargs: Any) -> None:
         profile = backends.profile_for(compute_device)
         alias = profile.planner.alias if profile is not None else None
-        if alias:
+        if alias and profile is not None:
             if kwargs.get("hbm_cap") is None and profile.planner.hbm_cap_bytes is not None and not args:
                 kwargs["hbm_cap"] = profile.planner.hbm_cap_bytes
             original(self, world_size, alias, *args, **kwargs)
