@@ -40,7 +40,7 @@ class PipelineStreams:
     def __init__(self, device: torch.device) -> None:
         profile = backends.profile_for(device.type)
         spec = profile.streams if profile is not None else None
-        self._module: Any = device_module(profile) if spec is not None else None
+        self._module: Any = device_module(profile) if profile is not None and spec is not None else None
         self.memcpy = self._make("memcpy", spec)
         self.data_dist = self._make("data_dist", spec)
         self.prefetch = self._make("prefetch", spec)
