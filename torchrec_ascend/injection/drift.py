@@ -59,7 +59,7 @@ def _module_tree(module: str) -> Tuple[ast.Module, List[str]]:
 
 def _find(body: List[ast.stmt], name: str) -> Optional[ast.stmt]:
     """The last statement of ``body`` binding ``name`` (a later definition wins, as at runtime)."""
-    found = None
+    found: Optional[ast.stmt] = None
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             found = node
@@ -104,6 +104,7 @@ def target_source(target: str) -> str:
             if not isinstance(node, ast.ClassDef):
                 raise LookupError(f"{target}: {'.'.join(parts[: i + 1])} is not a class in {module}")
             body = node.body
+    assert node is not None  # the last part was found (the loop raises otherwise)
     first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
     return "\n".join(lines[first - 1 : node.end_lineno])
 
@@ -153,7 +154,8 @@ def reviewed_digests() -> Dict[str, Dict[str, str]]:
     """Patch name -> {reviewed TorchRec version -> digest}, from :mod:`torchrec_ascend.hooks.reviewed`."""
     from torchrec_ascend.hooks import reviewed
 
-    return {name: dict(entry["digests"]) for name, entry in reviewed.REVIEWED.items()}
+    table: Dict[str, Dict[str, Any]] = reviewed.REVIEWED
+    return {name: dict(entry["digests"]) for name, entry in table.items()}
 
 
 def installed_digests(patches: List[Patch]) -> dict:
@@ -187,7 +189,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     if not args.record:
         print(json.dumps({"torchrec": version, "patches": found}, indent=1))
         return
-    entries = {name: dict(entry) for name, entry in reviewed.REVIEWED.items()}
+    table: Dict[str, Dict[str, Any]] = reviewed.REVIEWED
+    entries = {name: dict(entry) for name, entry in table.items()}
     for name, entry in found.items():
         if not entry["digest"]:
             raise SystemExit(f"{name}: the source of {entry['target']} cannot be found; nothing recorded")
