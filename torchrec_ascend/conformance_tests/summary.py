@@ -118,8 +118,9 @@ def format_table(rows: List[CheckRow], title: str = "") -> str:
           sharding: EMAINPLACE_ROWWISE_ADAGRAD ... (1)
     """
     header = ("check", "cases", "passed", "failed", "skipped", "seconds", "ran on")
-    total = CheckRow("total", *(sum(getattr(r, f) for r in rows) for f in ("cases", "passed", "failed", "skipped")),
-                     sum(r.seconds for r in rows), {}, set().union(*(r.devices for r in rows)))
+    cases, passed, failed, skipped = (sum(getattr(r, f) for r in rows) for f in ("cases", "passed", "failed", "skipped"))
+    total = CheckRow("total", cases, passed, failed, skipped, sum(r.seconds for r in rows), {},
+                     set().union(*(r.devices for r in rows)))
     lines = [[r.check, r.cases, r.passed, r.failed, r.skipped, f"{r.seconds:.1f}", ",".join(sorted(r.devices)) or "-"]
              for r in [*rows, total]]
     width = max(len(header[0]), *(len(str(line[0])) for line in lines))
