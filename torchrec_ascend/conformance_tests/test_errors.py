@@ -72,7 +72,7 @@ def test_unknown_policy_option_suggests_the_closest() -> None:
     entry = next((e for e in list_policies("eviction") if e.option_names()), None)
     if entry is None:
         pytest.skip("no installed eviction policy declares named options")
-    option = entry.option_names()[0]
+    option = (entry.option_names() or [])[0]
     with pytest.raises(ConfigError) as err:
         create_eviction_policy(entry.name, capacity=8, **{option + "x": 1})
     message = str(err.value)
