@@ -25,7 +25,7 @@ import importlib.metadata
 import importlib.util
 import inspect
 import json
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from torchrec_ascend.injection.patch import Patch, resolve
 
