@@ -118,7 +118,8 @@ def format_table(rows: List[CheckRow], title: str = "") -> str:
           sharding: EMAINPLACE_ROWWISE_ADAGRAD ... (1)
     """
     header = ("check", "cases", "passed", "failed", "skipped", "seconds", "ran on")
-    cases, passed, failed, skipped = (sum(getattr(r, f) for r in rows) for f in ("cases", "passed", "failed", "skipped"))
+    counts = ("cases", "passed", "failed", "skipped")
+    cases, passed, failed, skipped = (sum(getattr(r, f) for r in rows) for f in counts)
     total = CheckRow("total", cases, passed, failed, skipped, sum(r.seconds for r in rows), {},
                      set().union(*(r.devices for r in rows)))
     lines = [[r.check, r.cases, r.passed, r.failed, r.skipped, f"{r.seconds:.1f}", ",".join(sorted(r.devices)) or "-"]
