@@ -11,8 +11,9 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from torchrec_ascend.dotted import resolve_object
 
 __version__ = "0.1.0"
 
@@ -35,4 +36,4 @@ def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'torchrec_ascend' has no attribute {name!r}")
     module, attribute = _LAZY[name]
-    return getattr(importlib.import_module(module), attribute)
+    return resolve_object(f"{module}:{attribute}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Sequence
+
 
 class TorchRecAscendError(Exception):
     """Base class of every error torchrec-ascend raises deliberately."""
@@ -25,3 +27,34 @@ class CapacityError(TorchRecAscendError, RuntimeError):
 
 class StorageError(TorchRecAscendError, OSError):
     """A cache tier or checkpoint file cannot be written or read back intact; the message names the file."""
+
+
+class InputError(TorchRecAscendError, ValueError):
+    """A batch breaks a rule of its table (a negative ID); the message names the table, the feature and the rule."""
+
+
+def check_non_negative_ids(ids: Any, features: Sequence[str], ends: Sequence[int], tables: Sequence[str]) -> None:
+    """Refuse a batch with a negative ID, naming the table and feature of the first one.
+
+    Args:
+        ids: a 1-D integer tensor of the batch's IDs, feature-major (read on the host: one ``min``).
+        features: the feature of each segment of ``ids``.
+        ends: where each feature's segment ends in ``ids`` (cumulative, one per feature).
+        tables: the hash table of each feature.
+
+    Raises:
+        InputError: an ID is negative.
+
+    Example::
+
+        check_non_negative_ids(torch.tensor([3, -1]), ["user"], [2], ["users"])
+        # InputError: hash table 'users', feature 'user': IDs must be non-negative int64, got -1. ...
+    """
+    if not ids.numel() or int(ids.min()) >= 0:
+        return
+    first = int((ids < 0).nonzero()[0])
+    index = min(sum(end <= first for end in ends), len(features) - 1)
+    raise InputError(
+        f"hash table {tables[index]!r}, feature {features[index]!r}: IDs must be non-negative int64, got "
+        f"{int(ids[first])}. Map negative IDs to non-negative ones (e.g. x & (2**63 - 1)) before the lookup."
+    )

@@ -1,8 +1,10 @@
 """``torchrec-ascend doctor``: versions and the supported stack they match, the selected device backend, every patch
-with its state and whether its target is the reviewed source (drift), plugins, errors.
+with its state and whether its target is the reviewed source (drift), every adapter (the TorchRec private names
+used outside the patches) with its state, plugins, errors.
 
 The report fits 100 columns (tracebacks aside). The exit status is 1 when torchrec-ascend is not working as
-installed: autoloading failed, ``import torchrec`` failed, a plugin failed to load, or a patch failed or was skipped;
+installed: autoloading failed, ``import torchrec`` failed, a plugin failed to load, a patch failed or was skipped,
+or an adapter is unsupported or misses a private name;
 0 otherwise (also when it was switched off on purpose).
 
 Example::
@@ -20,13 +22,15 @@ import textwrap
 from typing import Any, Dict, List, Optional
 
 from torchrec_ascend import versions as version_table
+from torchrec_ascend.adapters.requirements import installed_distribution, installed_version, version_problem
 from torchrec_ascend.injection import autoload, drift
 from torchrec_ascend.injection.patch import Patch
-from torchrec_ascend.injection.registry import PatchState, installed_distribution, installed_version, version_problem
+from torchrec_ascend.injection.registry import PatchState
 
 WIDTH = 100
 _DISTRIBUTIONS = ("torchrec-ascend", "torch", "torchrec", "fbgemm-gpu-cpu", "fbgemm-gpu", "torch-npu", "fbgemm-ascend")
 _INDENT = " " * 11  # under a patch's name, past its state column
+_ADAPTER_INDENT = " " * 14  # under an adapter's name
 
 
 @dataclasses.dataclass
@@ -81,6 +85,7 @@ def diagnose() -> Diagnosis:
         problems.append(f"autoload: {status.detail}")
     lines += _backend_lines(problems)
     lines += _patch_lines(problems)
+    lines += _adapter_lines(problems)
     lines += _plugin_lines(problems)
     errors = problems + status.errors
     lines += ["", "Errors:" if errors else "Errors: none"]
@@ -213,11 +218,35 @@ def _patch_lines(problems: List[str]) -> List[str]:
     return lines
 
 
-def _target_lines(target: str) -> List[str]:
-    if len(_INDENT) + len(target) <= WIDTH:
-        return [_INDENT + target]
+def _target_lines(target: str, indent: str = _INDENT) -> List[str]:
+    if len(indent) + len(target) <= WIDTH:
+        return [indent + target]
     module, _, qualname = target.partition(":")
-    return [f"{_INDENT}{module}:", f"{_INDENT}  {qualname}"]
+    return [f"{indent}{module}:", f"{indent}  {qualname}"]
+
+
+def _adapter_lines(problems: List[str]) -> List[str]:
+    """Each adapter (the TorchRec private names touched outside the patches): state, range, target, reason."""
+    from torchrec_ascend import adapters
+
+    try:
+        statuses = adapters.report()
+    except Exception as err:  # an adapter module fails to import on this TorchRec: show it, do not crash
+        problems.append(f"checking adapters failed: {type(err).__name__}: {err}")
+        return []
+    counts = {state: sum(s.state == state for s in statuses) for state in ("supported", "unsupported", "missing")}
+    summary = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+    lines = ["", f"Adapters ({summary}):"]
+    for status in statuses:
+        adapter = status.adapter
+        ranges = ", ".join(f"{dist} {spec}" for dist, spec in adapter.requires.items())
+        lines += _wrap(f"{status.state:<11} {adapter.name}  [{ranges}]", "  ")
+        lines += _target_lines(adapter.target, _ADAPTER_INDENT)
+        lines += _wrap(f"{len(adapter.privates)} private names; {adapter.reason}", _ADAPTER_INDENT)
+        if status.detail:
+            lines += _wrap(f"-> {status.detail}", _ADAPTER_INDENT)
+            problems.append(f"adapter {adapter.name} {status.state}: {status.detail}")
+    return lines
 
 
 def _plugin_lines(problems: List[str]) -> List[str]:

@@ -11,10 +11,10 @@ added (the enum is validated on the way). So we keep the stock names and decide 
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Optional, Type
 
 from torchrec_ascend import backends
+from torchrec_ascend.dotted import resolve_object
 from torchrec_ascend.injection.patch import Patch
 from torchrec_ascend.versions import TORCHREC
 
@@ -43,8 +43,7 @@ _HASH = {
 
 
 def _load(path: str) -> Type[Any]:
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+    return resolve_object(path)
 
 
 def kernel_class(kind: str, config: Any, device: Any) -> Optional[Type[Any]]:

@@ -29,11 +29,11 @@ pipelines and the 2D (``DMPCollection``) kernels create ``torch.cuda`` streams u
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, Optional
 
 from torchrec_ascend import backends
 from torchrec_ascend.backends.profile import DeviceProfile
+from torchrec_ascend.dotted import resolve_object
 from torchrec_ascend.injection.patch import Patch
 from torchrec_ascend.versions import TORCHREC
 
@@ -64,8 +64,7 @@ def streamed_profile(device: Any) -> Optional[DeviceProfile]:
 def device_module(profile: DeviceProfile) -> Any:
     """The torch device module named by ``profile.streams.device_module`` (``torch.npu``), imported."""
     assert profile.streams is not None
-    module_name, _, attr = profile.streams.device_module.rpartition(".")
-    return getattr(importlib.import_module(module_name), attr)
+    return resolve_object(profile.streams.device_module)
 
 
 def fill_streams(pipeline: Any, device: Any = None) -> None:

@@ -12,10 +12,10 @@ Not covered: ``dist_data._check_pg_for_nccl_error`` probes only NCCL (it returns
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable, List, Optional
 
 from torchrec_ascend import backends
+from torchrec_ascend.dotted import resolve_object
 from torchrec_ascend.injection.patch import Patch, set_attribute
 from torchrec_ascend.versions import TORCHREC
 
@@ -35,14 +35,7 @@ def loaded_object(target: str) -> Optional[Any]:
         loaded_object("torch._C._distributed_c10d:ProcessGroupGloo")   # the class, once torch is imported
         loaded_object("torch_npu._C._distributed_c10d:ProcessGroupHCCL")   # None without torch_npu
     """
-    if ":" in target:
-        module_name, _, qualname = target.partition(":")
-    else:
-        module_name, _, qualname = target.rpartition(".")
-    obj: Any = sys.modules.get(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    return obj
+    return resolve_object(target, imported_only=True)
 
 
 def no_copy_classes() -> List[type]:

@@ -19,9 +19,10 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 from typing import Any, Callable, Mapping, Tuple
+
+from torchrec_ascend.dotted import resolve_owner
 
 Undo = Callable[[], None]
 _NOTSET = object()
@@ -38,12 +39,7 @@ def resolve(target: str) -> Tuple[Any, str]:
 
         resolve("torchrec.distributed.utils:sharded_model_copy.__enter__")   # (sharded_model_copy, "__enter__")
     """
-    module_name, _, qualname = target.partition(":")
-    owner: Any = importlib.import_module(module_name)
-    *path, attr = qualname.split(".")
-    for part in path:
-        owner = getattr(owner, part)
-    return owner, attr
+    return resolve_owner(target)
 
 
 def raw_attribute(owner: Any, attr: str) -> Any:

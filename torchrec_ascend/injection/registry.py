@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib.metadata
 import sys
 import warnings
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
@@ -31,11 +30,10 @@ from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from torchrec_ascend.adapters.requirements import installed_distribution, newer_than, version_problem
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.injection import drift
 from torchrec_ascend.injection.patch import Patch, Undo
-
-#: Separates alternative distributions of one package in a ``Patch.requires`` key.
-ALTERNATIVES = "|"
 
 
 class PatchState(str, enum.Enum):
@@ -60,62 +58,6 @@ class PatchStatus:
     state: PatchState = PatchState.PENDING
     detail: str = ""
     admitted: str = ""
-
-
-def installed_distribution(requirement: str) -> Optional[Tuple[str, str]]:
-    """``(distribution, version)`` of the first installed alternative in a ``requires`` key, or None.
-
-    Example::
-
-        installed_distribution("fbgemm-gpu|fbgemm-gpu-cpu")   # ('fbgemm-gpu-cpu', '1.8.0') on this machine
-    """
-    for dist in requirement.split(ALTERNATIVES):
-        try:
-            return dist, importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def installed_version(requirement: str) -> Optional[str]:
-    """The installed version of a distribution (or of the first installed alternative ``"a|b"``), or None."""
-    found = installed_distribution(requirement)
-    return found[1] if found else None
-
-
-def version_problem(requires: Mapping[str, str], versions: Mapping[str, Optional[str]]) -> Optional[str]:
-    """Why ``requires`` is not met by ``versions`` (``requires`` key -> installed version), or None.
-
-    Example::
-
-        version_problem({"torchrec": ">=1.8,<1.9"}, {"torchrec": "1.9.0"})
-        # 'torchrec 1.9.0 is outside the supported range >=1.8,<1.9'
-    """
-    for dist, spec in requires.items():
-        have = versions.get(dist)
-        if have is None:
-            names = " nor ".join(dist.split(ALTERNATIVES))
-            return f"{names} is not installed (needs {spec})"
-        if Version(have) not in SpecifierSet(spec, prereleases=True):
-            return f"{dist} {have} is outside the supported range {spec}"
-    return None
-
-
-def newer_than(version: str, spec: str) -> bool:
-    """True if ``version`` is above ``spec``'s upper bound while meeting its lower bounds.
-
-    Example::
-
-        newer_than("1.10.0", ">=1.8.0,<1.10")   # True
-        newer_than("1.7.0", ">=1.8.0,<1.10")    # False: older
-    """
-    have, specifiers = Version(version), list(SpecifierSet(spec, prereleases=True))
-    upper = [s for s in specifiers if s.operator in ("<", "<=")]
-    lower = [s for s in specifiers if s.operator in (">", ">=")]
-    return (
-        any(not s.contains(have, prereleases=True) for s in upper)
-        and all(s.contains(have, prereleases=True) for s in lower)
-    )
 
 
 def _only_newer(requires: Mapping[str, str], versions: Mapping[str, Optional[str]]) -> bool:
@@ -145,7 +87,7 @@ class PatchRegistry:
             than its range must match to be applied (default: nothing reviewed, so such patches are skipped).
 
     Raises:
-        ValueError: two patches share a name.
+        ConfigError: two patches share a name.
 
     Example::
 
@@ -172,10 +114,10 @@ class PatchRegistry:
         """Append ``patch`` to the declared order.
 
         Raises:
-            ValueError: a patch of that name is already registered.
+            ConfigError: a patch of that name is already registered.
         """
         if patch.name in self._status:
-            raise ValueError(
+            raise ConfigError(
                 f"a patch named {patch.name!r} is already registered (targets "
                 f"{self._status[patch.name].patch.target}); give the patch for {patch.target} its own name"
             )
@@ -233,7 +175,7 @@ class PatchRegistry:
 
         Raises:
             KeyError: a name is not registered.
-            ValueError: a patch would be reverted from under a later applied patch of the same target that stays
+            ConfigError: a patch would be reverted from under a later applied patch of the same target that stays
                 applied (its undo would silently drop that patch too); revert both, or the later one first.
         """
         wanted = set(self._status) if names is None else set(names)
@@ -245,7 +187,7 @@ class PatchRegistry:
             target = self._status[name].patch.target
             above = [n for n in order[i + 1 :] if n not in wanted and self._status[n].patch.target == target]
             if name in wanted and above:
-                raise ValueError(
+                raise ConfigError(
                     f"cannot revert {name!r} alone: {', '.join(above)} patched {target} after it and stays "
                     "applied; revert them together"
                 )

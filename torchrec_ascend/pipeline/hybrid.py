@@ -52,24 +52,22 @@ import time
 import weakref
 from collections import deque
 from concurrent.futures import Future
-from importlib.metadata import version
 from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 
 import torch
-from packaging.specifiers import SpecifierSet
 from torch.profiler import record_function
 from torchrec.distributed.train_pipeline.pipeline_context import PrefetchTrainPipelineContext
 from torchrec.distributed.train_pipeline.runtime_forwards import PrefetchPipelinedForward
-from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSparseDist
 from torchrec.distributed.train_pipeline.types import PipelineState
 
-from torchrec_ascend.errors import ConfigError
+from torchrec_ascend import adapters
+from torchrec_ascend.adapters import train_pipeline
+from torchrec_ascend.adapters.train_pipeline import SparseDistPipeline
 from torchrec_ascend.pipeline import host_stages, input_dist, sizing
 from torchrec_ascend.pipeline.host_stages import BatchInFlight, Source
 from torchrec_ascend.pipeline.lanes import HostLanes, ModuleWorkers, StageClock, thread_prefix
 from torchrec_ascend.pipeline.stages import PipelineStageError, Stage
 from torchrec_ascend.pipeline.streams import PipelineStreams
-from torchrec_ascend.versions import TORCHREC
 
 
 @dataclasses.dataclass
@@ -102,7 +100,7 @@ class _Resources:
         self.groups.destroy()
 
 
-class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
+class HybridTrainPipelineSparseDist(SparseDistPipeline, pipelined_forward=PrefetchPipelinedForward):
     """TorchRec's ``TrainPipelineSparseDist`` with host stages on threads and ``pipe_n_batch`` batches in flight.
 
     Same use as the stock pipeline: ``progress(dataloader_iter)`` trains one batch and returns the model output,
@@ -136,8 +134,6 @@ class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
             output = pipeline.progress(batches)
     """
 
-    _pipelined_forward_type = PrefetchPipelinedForward
-
     def __init__(
         self,
         model: torch.nn.Module,
@@ -149,7 +145,8 @@ class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
         apply_jit: bool = False,
         custom_model_fwd: Optional[Callable[[Any], Tuple[torch.Tensor, Any]]] = None,
     ) -> None:
-        _check_torchrec_version()
+        adapters.require(train_pipeline.ADAPTER, "HybridTrainPipelineSparseDist",
+                         instead="TorchRec's own TrainPipelineSparseDist")
         self._depth = sizing.validate_depth(pipe_n_batch)
         self._host_threads = sizing.host_threads(host_threads)
         super().__init__(
@@ -164,7 +161,7 @@ class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
         # Before any thread or group exists: a kernel that cannot protect this many batches refuses here.
         self.depth_configured: List[str] = sizing.apply_pipeline_depth(model, self._depth)
         self._streams = PipelineStreams(device)
-        self._memcpy_stream, self._data_dist_stream = self._streams.memcpy, self._streams.data_dist
+        self.set_streams(self._streams.memcpy, self._streams.data_dist)
         self._clock = StageClock()
         self._in_flight: Deque[_Entry] = deque()
         self._source: Optional[Source] = None
@@ -194,17 +191,17 @@ class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
             PipelineStageError: a stage raised on the batch due now; the batches behind it are dropped and
                 ``progress`` may be called again (with a new iterator) to go on.
         """
-        self._state = PipelineState.IDLE
-        if not self._model_attached:
-            self.attach(self._model)
+        self.set_state(PipelineState.IDLE)
+        if not self.model_attached:
+            self.attach(self.model)
         if self._source is None or self._source.iterator is not dataloader_iter:
             self._source = Source(dataloader_iter)
         if not self._in_flight and self._source.exhausted:
             raise StopIteration
-        if not self._pipelined_modules:
+        if not self.pipelined_modules:
             self._rewire()
         self._top_up()
-        if not self._execute_all_batches:
+        if not self.execute_all_batches:
             self._stop_unless_loaded(self._in_flight[-1])
         return self._compute(self._next_ready())
 
@@ -218,12 +215,12 @@ class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
 
     def attach(self, model: Optional[torch.nn.Module] = None, sparse_dist: bool = True) -> None:
         """Re-attach after :meth:`detach` (``progress`` does it by itself); ``sparse_dist`` is ignored."""
-        if self._model_attached:
+        if self.model_attached:
             self.detach()  # rewriting an already rewritten model would lose its original forwards
         if model is not None:
-            self._model = model
-        self._model_attached = True
-        self._pipelined_modules = []  # progress() rewrites the model again before the next batch
+            self.model = model
+        self.model_attached = True
+        self.pipelined_modules = []  # progress() rewrites the model again before the next batch
 
     def reset(self) -> None:
         """Drop the batches in flight (after finishing their host stages) and forget the dataloader."""
@@ -232,45 +229,47 @@ class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
         self._source = None
         super().reset()
 
-    def _pipeline_model(self, batch: Any, context: Any, pipelined_forward: Any = PrefetchPipelinedForward) -> None:
+    def rewrite_model(self, batch: Any, context: Any, pipelined_forward: Any) -> None:
         # TorchRec's rewrite (which also starts this batch's input dist on the model's groups), then move the
         # pipelined input dists onto their mirror groups for every later batch. If any of it fails, the model gets
         # its forwards back: lanes must never run input dists that were not rewritten (they would issue
         # collectives on the model's groups from a host thread).
-        self._original_kjt_dist_forwards = []  # set again by TorchRec's rewrite once it finishes
+        self.forget_rewrite()  # done again by TorchRec's rewrite once it finishes
         try:
-            super()._pipeline_model(batch, context, pipelined_forward)
-            self._resources.groups.retarget(self._pipelined_modules)
+            self.stock_rewrite(batch, context, pipelined_forward)
+            self._resources.groups.retarget(self.pipelined_modules)
         except BaseException:
-            if self._original_kjt_dist_forwards:  # the rewrite finished: undo it as detach() does
+            if self.rewrite_finished:  # the rewrite finished: undo it as detach() does
                 super().detach()
-                self._model_attached = True
+                self.model_attached = True
             else:
-                for module, forward in zip(self._pipelined_modules, self._original_forwards):
+                for module, forward in zip(self.pipelined_modules, self.original_forwards):
                     module.forward = forward
-            self._pipelined_modules = []
+            self.pipelined_modules = []
             raise
 
     def _rewire(self) -> None:
         """Rewrite the model. The first time, the first batch goes through its host stages on this thread."""
         if self._trace_batch is not None:
             # Re-attaching: like the stock attach(), tracing restarts an input dist, here into a context dropped.
-            throwaway = self._context_type(index=-1, version=1)
-            self._pipeline_model(self._trace_batch, throwaway, self._pipelined_forward_type)
+            throwaway = self.context_type(index=-1, version=1)
+            self.rewrite_model(self._trace_batch, throwaway, self.pipelined_forward_type)
             return
-        source, index = self._source, self._next_index
+        source, index = self._source, self.next_index
         assert source is not None
-        self._next_index += 1
-        item = self._inline(Stage.LOAD, index, lambda: host_stages.load(source, index, self._context_type))
+        self.next_index += 1
+        item = self._inline(Stage.LOAD, index, lambda: host_stages.load(source, index, self.context_type))
         if item is None:
             raise StopIteration
-        self._inline(Stage.COPY2DEVICE, index, lambda: host_stages.copy_to_device(item, self._device, self._streams))
         self._inline(
-            Stage.SPLIT, index, lambda: self._pipeline_model(item.batch, item.context, self._pipelined_forward_type)
+            Stage.COPY2DEVICE, index, lambda: host_stages.copy_to_device(item, self.training_device, self._streams)
+        )
+        self._inline(
+            Stage.SPLIT, index, lambda: self.rewrite_model(item.batch, item.context, self.pipelined_forward_type)
         )
         self._trace_batch = item.batch
         self._inline(Stage.FIRST_ALL2ALL, index, lambda: input_dist.wait_splits(item.context))
-        modules, here = self._pipelined_modules, ModuleWorkers(1, "")  # 1 thread: runs on the caller's
+        modules, here = self.pipelined_modules, ModuleWorkers(1, "")  # 1 thread: runs on the caller's
         self._inline(Stage.SECOND_ALL2ALL, index, lambda: input_dist.wait_tensors(modules, item.context, here))
         self._inline(
             Stage.POST_INPUT, index, lambda: input_dist.prefetch(modules, item.context, here, self._streams.compute)
@@ -295,11 +294,11 @@ class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
                 prefix = thread_prefix()
                 workers = ModuleWorkers(self._host_threads, prefix)
                 lanes = host_stages.build_lanes(
-                    self._pipelined_modules, self._device, self._streams, workers, self._context_type
+                    self.pipelined_modules, self.training_device, self._streams, workers, self.context_type
                 )
                 self._resources.workers, self._resources.lanes = workers, HostLanes(lanes, self._clock, prefix)
-            index = self._next_index
-            self._next_index += 1
+            index = self.next_index
+            self.next_index += 1
             futures = self._resources.lanes.submit(index, self._source)
             self._in_flight.append(_Entry(index, loaded=futures[0], done=futures[-1]))
 
@@ -337,43 +336,33 @@ class HybridTrainPipelineSparseDist(TrainPipelineSparseDist):
     def _compute(self, item: BatchInFlight) -> Any:
         """COMPUTE on the caller's thread: forward, backward, optimizer step."""
         context = item.context
-        self._set_module_context(context)
+        self.set_module_context(context)
         start = time.perf_counter()
         try:
-            if self._model.training:
+            if self.model.training:
                 with record_function("## zero_grad ##"):
-                    self._optimizer.zero_grad()
+                    self.dense_optimizer.zero_grad()
             self._streams.wait(item.ready, item.batch)
-            self._state = PipelineState.CALL_FWD
+            self.set_state(PipelineState.CALL_FWD)
             with record_function(f"## forward {context.index} ##"):
-                losses, output = self._model_fwd(item.batch)
-            if self._model.training:
-                self._state = PipelineState.CALL_BWD
+                losses, output = self.model_fwd(item.batch)
+            if self.model.training:
+                self.set_state(PipelineState.CALL_BWD)
                 with record_function(f"## backward {context.index} ##"):
                     torch.sum(losses, dim=0).backward()
-                self.sync_embeddings(self._model, self._dmp_collection_sync_interval_batches, context)
+                self.sync_embeddings(self.model, self.sync_interval_batches, context)
                 with record_function(f"## optimizer {context.index} ##"):
-                    self._optimizer.step()
+                    self.dense_optimizer.step()
         except Exception as err:
             raise PipelineStageError(
                 Stage.COMPUTE, int(context.index), err, "The batches in flight behind it are kept"
             ) from err
         finally:
             self._clock.add(Stage.COMPUTE, time.perf_counter() - start)
-        self._state = PipelineState.IDLE
+        self.set_state(PipelineState.IDLE)
         return output
 
 
 def _with_detail(err: PipelineStageError, detail: str) -> PipelineStageError:
     cause = err.__cause__ if err.__cause__ is not None else err
     return PipelineStageError(err.stage, err.batch_index, cause, detail)
-
-
-def _check_torchrec_version() -> None:
-    installed, supported = version("torchrec"), TORCHREC["torchrec"]
-    if installed not in SpecifierSet(supported):
-        raise ConfigError(
-            f"HybridTrainPipelineSparseDist drives TorchRec's pipeline internals and was written for torchrec "
-            f"{supported}; torchrec {installed} is installed. Install a supported torchrec, or use TorchRec's own "
-            f"TrainPipelineSparseDist."
-        )

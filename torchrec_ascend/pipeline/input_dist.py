@@ -14,10 +14,9 @@ hybrid pipeline needs finer cuts so that each host lane does one kind of work:
 :class:`InputDistGroups` gives the input dists their own process groups, so the host lane's all-to-alls never
 interleave with the caller thread's output-dist and DDP collectives on the model's groups.
 
-TorchRec 1.8 internals used here, and only here: the pipelined forwards' ``name``/``args`` (installed by
-``_rewrite_model``), ``_fuse_input_dist_splits``, the ``KJTAllToAllForward`` objects that
-``_override_input_dist_forwards`` puts on ``module._input_dists[i]._dist`` (their ``_pg``), and the fields of
-``PrefetchTrainPipelineContext``.
+TorchRec's private names (the fused splits all-to-all, the input dists' ``KJTAllToAllForward`` objects and their
+process groups) are reached through :mod:`torchrec_ascend.adapters.train_pipeline`; the pipelined forwards'
+``name``/``args`` and the fields of ``PrefetchTrainPipelineContext`` are public.
 
 Example::
 
@@ -33,9 +32,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 from torchrec.distributed.train_pipeline.pipeline_context import PrefetchTrainPipelineContext
-from torchrec.distributed.train_pipeline.runtime_forwards import KJTAllToAllForward
-from torchrec.distributed.train_pipeline.utils import _fuse_input_dist_splits
 
+from torchrec_ascend.adapters import train_pipeline as adapter
 from torchrec_ascend.pipeline.lanes import ModuleWorkers
 
 GROUP_DESC = "torchrec_ascend_pipeline_input_dist"
@@ -60,7 +58,7 @@ def split(
 
 def launch_splits(context: PrefetchTrainPipelineContext) -> None:
     """FIRST_ALL2ALL, first half: issue the fused splits all-to-all (one per process group)."""
-    _fuse_input_dist_splits(context)
+    adapter.fuse_input_dist_splits(context)
 
 
 def wait_splits(context: PrefetchTrainPipelineContext) -> None:
@@ -128,9 +126,10 @@ class InputDistGroups:
     def retarget(self, modules: Sequence[torch.nn.Module]) -> int:
         """Point every pipelined input dist of ``modules`` at its group's mirror; returns how many were pointed."""
         count = 0
-        for forward in _kjt_all_to_all_forwards(modules):
-            if forward._pg is not None and forward._pg.size() > 1:
-                forward._pg = self._mirror(forward._pg)
+        for forward in adapter.input_dist_forwards(modules):
+            group = adapter.group_of(forward)
+            if group is not None and group.size() > 1:
+                adapter.set_group(forward, self._mirror(group))
                 count += 1
         return count
 
@@ -159,13 +158,3 @@ class InputDistGroups:
             )
         return self._mirrors[group]
 
-
-def _kjt_all_to_all_forwards(modules: Sequence[torch.nn.Module]) -> List[KJTAllToAllForward]:
-    found = []
-    for module in modules:
-        for child in module.modules():
-            for input_dist in getattr(child, "_input_dists", None) or []:
-                forward = getattr(getattr(input_dist, "_dist", None), "forward", None)
-                if isinstance(forward, KJTAllToAllForward):
-                    found.append(forward)
-    return found

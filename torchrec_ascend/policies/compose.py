@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.policies.base import EvictionPolicy
 
 
@@ -28,7 +29,7 @@ class CompositeEvictionPolicy(EvictionPolicy):
         components (Sequence[EvictionPolicy]): the policies, same capacity, in the same order; the last ranks.
 
     Raises:
-        ValueError: fewer than two components, lengths or capacities differ (the registry checks names first).
+        ConfigError: fewer than two components, lengths or capacities differ (the registry checks names first).
 
     Example::
 
@@ -37,10 +38,10 @@ class CompositeEvictionPolicy(EvictionPolicy):
 
     def __init__(self, names: Sequence[str], components: Sequence[EvictionPolicy]) -> None:
         if len(components) < 2 or len(names) != len(components):
-            raise ValueError(f"a composite needs two or more named components, got {list(names)}")
+            raise ConfigError(f"a composite needs two or more named components, got {list(names)}")
         capacities = {c.capacity for c in components}
         if len(capacities) != 1:
-            raise ValueError(f"components {list(names)} have different capacities {sorted(capacities)}")
+            raise ConfigError(f"components {list(names)} have different capacities {sorted(capacities)}")
         super().__init__(components[0].capacity)
         self.names: List[str] = list(names)
         self.components: List[EvictionPolicy] = list(components)
