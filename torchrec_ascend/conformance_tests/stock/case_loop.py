@@ -36,7 +36,7 @@ from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, Keyed
 if __package__:  # imported through the suite's package
     from . import device_env
 else:  # imported by a stock script run as a script: this folder is sys.path[0]
-    import device_env
+    import device_env  # type: ignore[import-not-found,no-redef]  # found as a script
 
 COLLECTIVE_TIMEOUT_S = 120
 TRANSFER_KEYS = ("steps", "h2d", "d2h", "syncs")
