@@ -181,7 +181,9 @@ def global_batch(step: int) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def local_part(step: int, rank: int, world: int) -> Tuple[KeyedJaggedTensor, Dict[str, Tuple[int, int]]]:
+def local_part(
+    step: int, rank: int, world: int
+) -> Tuple[KeyedJaggedTensor, Dict[str, Tuple[Tuple[int, int], Tuple[int, int]]]]:
     """This rank's samples of the global batch, and per feature its range of output rows in the global order."""
     lo, hi = rank * GLOBAL_BATCH // world, (rank + 1) * GLOBAL_BATCH // world
     lengths, values, ranges = [], [], {}
@@ -199,7 +201,7 @@ def train_step(model: Any, kind: str, step: int, pg: Any) -> List[torch.Tensor]:
     rank, world = pg.rank(), pg.size()
     kjt, ranges = local_part(step, rank, world)
     blocks = rows_of(kind, model(kjt), kjt)
-    loss = 0.0
+    loss: Any = 0.0
     for feature, block in zip(sorted(FEATURES), blocks):
         (value_lo, value_hi), (sample_lo, sample_hi) = ranges[feature]
         lo, hi, total = (value_lo, value_hi, None) if kind == "ec" else (sample_lo, sample_hi, GLOBAL_BATCH)
