@@ -179,7 +179,7 @@ def _resharded(
         "iteration": max(int(s.get("iteration", 0)) for s in states),
     }
     if layout.bucket == 0 and layout.row_offset == 0:  # the table's totals go to its first row block
-        first_columns: Dict[int, Any] = {}
+        first_columns: Dict[Any, Any] = {}
         for source, entry in sources:
             first_columns.setdefault(source.block, entry["state"])  # one column shard per saved row block
         for key in ("counters", "swaps"):
