@@ -29,7 +29,7 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import Dict, Iterator, List, NoReturn, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -532,7 +532,7 @@ class DiskStore:
             self._raise_damaged(locations[bad], keys[torch.from_numpy(bad)])
         return records
 
-    def _raise_damaged(self, locations: np.ndarray, keys: torch.Tensor) -> None:
+    def _raise_damaged(self, locations: np.ndarray, keys: torch.Tensor) -> NoReturn:
         ids = np.unique(locations // self.segment_records).tolist()
         self._damaged.update(ids)
         files = [self._segments[i].path if i in self._segments else f"segment {i}" for i in ids]
