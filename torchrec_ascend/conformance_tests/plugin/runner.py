@@ -87,8 +87,8 @@ def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
     if not isinstance(index_dedup.dedup_per_table, functools.partial):
         index_dedup.dedup_per_table = functools.partial(counted("index_dedup", index_dedup.dedup_per_table))
         HashRwSparseFeaturesDist.forward = counted(  # type: ignore[method-assign]  # counting wrapper, test runs only
-           "row_wise_input_dist", HashRwSparseFeaturesDist.forward,
-                                                   method=True)
+            "row_wise_input_dist", HashRwSparseFeaturesDist.forward, method=True
+        )
     return totals
 
 
