@@ -108,7 +108,7 @@ class Variant:
 def make_module(kind: str, variant: Variant = Variant(), dtype: Any = None) -> torch.nn.Module:
     from torchrec.modules.embedding_configs import DataType, PoolingType
 
-    features = lambda name: [f"f_{name}"]  # noqa: E731
+    features = lambda name: [f"f_{name}"]
     data_type = DataType.FP16 if (dtype or variant.dtype) == "fp16" else DataType.FP32
     if kind == "ec":
         return torchrec.EmbeddingCollection(
