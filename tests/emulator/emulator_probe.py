@@ -138,7 +138,7 @@ def device() -> Dict[str, Any]:
 
 def fbgemm() -> Dict[str, Any]:
     emulated_npu.install()
-    import fbgemm_gpu  # noqa: F401
+    import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 
     fb = torch.ops.fbgemm
     facts: Dict[str, Any] = {"withheld": emulated_npu.withheld_ops()}
