@@ -100,10 +100,10 @@ class NpuLookingTensor(torch.Tensor):
     recorded: List[Any] = []
 
     @property
-    def device(self) -> torch.device:  # type: ignore[override]
+    def device(self) -> torch.device:  # type: ignore[override]  # a fixed npu device instead of the attribute
         return torch.device("npu", 0)
 
-    def record_stream(self, stream: Any) -> None:  # type: ignore[override]
+    def record_stream(self, stream: Any) -> None:  # type: ignore[override]  # records instead of checking the stream
         NpuLookingTensor.recorded.append(stream)
 
 
