@@ -24,12 +24,12 @@ from torchrec_ascend.hooks import pipeline_streams, process_group, sharding_allo
 from torchrec_ascend.injection import autoload
 
 torchrec = pytest.importorskip("torchrec")
-from torchrec import EmbeddingBagCollection, EmbeddingBagConfig  # noqa: E402
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402
-from torchrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder  # noqa: E402
-from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder  # noqa: E402
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology  # noqa: E402
-from torchrec.distributed.planner.estimator.types import HardwarePerfConfig  # noqa: E402
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig  # noqa: E402  (after importorskip)
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402  (after importorskip)
+from torchrec.distributed.fused_embeddingbag import FusedEmbeddingBagCollectionSharder  # noqa: E402  (after importorskip)
+from torchrec.distributed.mc_embeddingbag import ManagedCollisionEmbeddingBagCollectionSharder  # noqa: E402  (after importorskip)
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology  # noqa: E402  (after importorskip)
+from torchrec.distributed.planner.estimator.types import HardwarePerfConfig  # noqa: E402  (after importorskip)
 
 STOCK_CPU_TYPES = ["data_parallel", "table_wise", "column_wise", "table_column_wise"]
 ALL_TYPES = STOCK_CPU_TYPES + ["row_wise", "table_row_wise", "grid_shard"]
