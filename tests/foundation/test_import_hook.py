@@ -34,13 +34,13 @@ def package(tmp_path: Path) -> Iterator[Tuple[str, List[str]]]:
         )
     import builtins
 
-    builtins.HOOK_EVENTS = []  # type: ignore[attr-defined]
+    builtins.HOOK_EVENTS = []  # type: ignore[attr-defined]  # a test-only global the hook module appends to
     sys.path.insert(0, str(tmp_path))
-    yield name, builtins.HOOK_EVENTS  # type: ignore[attr-defined]
+    yield name, builtins.HOOK_EVENTS  # type: ignore[attr-defined]  # the test-only global
     sys.path.remove(str(tmp_path))
     for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
         del sys.modules[module]
-    del builtins.HOOK_EVENTS  # type: ignore[attr-defined]
+    del builtins.HOOK_EVENTS  # type: ignore[attr-defined]  # the test-only global
 
 
 def make_hook(name: str, events: List[str]) -> import_hook.TorchRecImportHook:
