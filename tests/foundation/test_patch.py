@@ -82,4 +82,4 @@ def test_patch_is_a_frozen_record(new_target_module: Callable[[], ModuleType]) -
     patch = Patch.wrap("t.frozen", f"{module.__name__}:f0", {"torch": ">=2"}, "why", shout)
     assert patch.module == module.__name__
     with pytest.raises(AttributeError):
-        patch.name = "other"  # type: ignore[misc]
+        patch.name = "other"  # type: ignore[misc]  # frozen: the assignment must raise
