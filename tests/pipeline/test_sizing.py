@@ -80,7 +80,7 @@ def test_every_kernel_is_told_the_depth() -> None:
 @pytest.mark.parametrize("depth", [0, 13, -1, 2.0, "3", True, None])
 def test_invalid_depth_is_refused(depth: object) -> None:
     with pytest.raises(ConfigError, match=r"pipe_n_batch=.* is invalid; it must be an integer from 1"):
-        build(torch.nn.Linear(2, 1), depth)  # type: ignore[arg-type]
+        build(torch.nn.Linear(2, 1), depth)  # type: ignore[arg-type]  # a bad value on purpose
 
 
 @pytest.mark.parametrize("depth", [1, 12])
@@ -104,7 +104,7 @@ def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch, value
 @pytest.mark.parametrize("value", [0, -1, 1.5, True])
 def test_bad_host_threads_argument_is_refused(value: object) -> None:
     with pytest.raises(ConfigError, match="host_threads="):
-        sizing.host_threads(value)  # type: ignore[arg-type]
+        sizing.host_threads(value)  # type: ignore[arg-type]  # a bad value on purpose
 
 
 @settings(deadline=None)
