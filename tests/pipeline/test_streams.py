@@ -95,7 +95,7 @@ def test_roles_get_streams_with_profile_priorities(fake_device: FakeDevice) -> N
 
 def test_stages_hand_over_with_events(fake_device: FakeDevice) -> None:
     made = PipelineStreams(torch.device("cpu"))
-    item = host_stages.BatchInFlight(batch=Batch(), context=None)  # type: ignore[arg-type]
+    item = host_stages.BatchInFlight(batch=Batch(), context=None)  # type: ignore[arg-type]  # the copy stage reads no context
     host_stages.copy_to_device(item, torch.device("cpu"), made)
     assert item.batch.copied_on is made.memcpy, "the copy runs on the memcpy stream"
     assert item.ready.stream is made.memcpy, "the hand-over event is recorded on the memcpy stream"
