@@ -16,7 +16,7 @@ if _failure:
 
 import fbgemm_gpu  # noqa: E402  (defines the fbgemm:: op schemas these kernels implement)
 import fbgemm_gpu.split_table_batched_embeddings_ops_training  # noqa: E402,F401  (the TBE lookup ops)
-import torch  # noqa: E402
+import torch  # noqa: E402  (after the failure switch)
 
 STANDIN = True
 NATIVE_OPS = (
