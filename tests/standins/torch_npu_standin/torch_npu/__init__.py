@@ -17,7 +17,7 @@ if _failure:  # what a torch_npu without its CANN runtime libraries does
     raise ImportError(_failure)
 
 from torch_npu import npu  # noqa: E402  (after the failure switch, as the real import order is)
-from torch_npu._C import _distributed_c10d  # noqa: E402,F401
+from torch_npu._C import _distributed_c10d  # noqa: E402,F401  (after the switch; torch_npu exposes it)
 
 torch.utils.rename_privateuse1_backend("npu")
 torch._register_device_module("npu", npu)
