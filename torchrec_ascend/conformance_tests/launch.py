@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 # The scripts' side lives with the stock scripts (which never import this package): re-exported here.
-from torchrec_ascend.conformance_tests.stock.device_env import (  # noqa: F401
+from torchrec_ascend.conformance_tests.stock.device_env import (  # noqa: F401  (re-exported)
     BACKEND_ENV,
     DEFAULT_DEVICE,
     DEVICE_ENV,
