@@ -72,7 +72,8 @@ def run_distributed(
         try:
             proc = subprocess.run(command, env=run_env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as err:
-            raise LaunchError(f"{script.name} timed out after {timeout:.0f} s:\n{_tail(err.stdout, err.stderr)}") from err
+            tail = _tail(err.stdout, err.stderr)
+            raise LaunchError(f"{script.name} timed out after {timeout:.0f} s:\n{tail}") from err
         if proc.returncode != 0 or not out.exists():
             raise LaunchError(f"{script.name} exited {proc.returncode}:\n{_tail(proc.stdout, proc.stderr)}")
         return json.loads(out.read_text())
