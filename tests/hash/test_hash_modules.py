@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, List
+
 import pytest
 import torch
 import torchrec
@@ -66,14 +68,14 @@ def test_state_dict_round_trips_ids_and_rows() -> None:
 
 
 def test_full_table_with_overflow_error_names_the_table() -> None:
-    module = ebc(capacity=4)  # 3 IDs fit: one row per shard is the not-admitted vector
-    module(kjt([[1, 2, 3]]))
+    module = ebc(capacity=4)  # 4 IDs fit: the not-admitted vector's row is outside num_embeddings
+    module(kjt([[1, 2, 3, 4]]))
     with pytest.raises(CapacityError, match="'user'.*overflow='evict'"):
-        module(kjt([[4]]))
+        module(kjt([[5]]))
 
 
 def test_evict_frees_least_recently_used_and_counts() -> None:
-    module = ebc(capacity=4, overflow="evict", eviction_policy="lru")
+    module = ebc(capacity=3, overflow="evict", eviction_policy="lru")
     for bag in ([1], [2], [3], [1], [4], [5]):
         module(kjt([bag]))
     slots = module.embedding_bags["user"].slots
@@ -133,7 +135,7 @@ def test_cadence_drops_expired_rows_on_its_steps() -> None:
 
 @pytest.mark.parametrize("min_residency", [0, 3])
 def test_min_residency_protects_new_rows(min_residency: int) -> None:
-    module = ebc(capacity=4, overflow="evict", eviction_policy="lru", eviction_cadence={"min_residency": min_residency})
+    module = ebc(capacity=3, overflow="evict", eviction_policy="lru", eviction_cadence={"min_residency": min_residency})
     for bag in ([1], [2], [3], [1, 2]):  # steps 1-4: 3 IDs fill the shard; 3 is now least recently used, and young
         module(kjt([bag]))
     module(kjt([[4]]))  # step 5: one row must go
@@ -142,3 +144,29 @@ def test_min_residency_protects_new_rows(min_residency: int) -> None:
         assert 3 in held and 4 in held, "the young row 3 is protected; a mature one (1 or 2) goes instead"
     else:
         assert held == [1, 2, 4], "plain LRU evicts 3"
+
+
+@pytest.mark.parametrize("kind", ["ebc", "ec"])
+@given(capacity=st.integers(1, 12), order=st.randoms(use_true_random=False))
+def test_table_holds_num_embeddings_ids_then_evicts_like_lru(kind: str, capacity: int, order: Any) -> None:
+    """num_embeddings IDs fit with nothing evicted or rejected; one more evicts the least recently used (a plain
+    Python LRU list is the model), and no ID ever reads another's row."""
+    if kind == "ebc":
+        module: Any = ebc(capacity=capacity, overflow="evict", eviction_policy="lru")
+    else:
+        module = torchrec.EmbeddingCollection(tables=[HashEmbeddingConfig(
+            name="user", embedding_dim=DIM, num_embeddings=capacity, feature_names=["uid"], init_seed=7,
+            weight_init_min=INIT[0], weight_init_max=INIT[1], overflow="evict", eviction_policy="lru")])
+    ids = [1_000 + 17 * k for k in range(capacity + 1)]
+    order.shuffle(ids)
+    lru: List[int] = []
+    for step, i in enumerate(ids):  # one ID per step: distinct last uses
+        out = module(kjt([[i]]))
+        values = out.values() if kind == "ebc" else out["uid"].values()
+        torch.testing.assert_close(values, initial([i]), rtol=0, atol=1e-6)
+        lru = [j for j in lru if j != i] + [i]
+        if len(lru) > capacity:
+            lru.pop(0)
+        slots = (module.embedding_bags if kind == "ebc" else module.embeddings)["user"].slots
+        assert sorted(slots.id_map.export()[0].tolist()) == sorted(lru)
+        assert slots.stats()["evicted"] == max(0, step + 1 - capacity) and slots.stats()["rejected"] == 0

@@ -24,7 +24,7 @@ INIT = (-0.25, 0.25)
 
 
 def make(kind: str) -> torch.nn.Module:
-    common = dict(name="t", embedding_dim=DIM, num_embeddings=CAPACITY + 1, feature_names=["f", "g"],
+    common = dict(name="t", embedding_dim=DIM, num_embeddings=CAPACITY, feature_names=["f", "g"],
                   overflow="evict", eviction_policy="lru", init_seed=SEED, weight_init_min=INIT[0],
                   weight_init_max=INIT[1])
     if kind == "ec":

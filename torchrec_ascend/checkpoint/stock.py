@@ -2,8 +2,7 @@
 
 A sharded FUSED hash table's pool rows mean nothing without its ID map, so its ``state_dict()`` entry
 ``<prefix>.<table>.weight`` comes with ``<prefix>.<table>.weight_id`` (TorchRec's name for the IDs of a dynamic
-table's rows): int64 ``[num_embeddings, column shards]``, the ID each weight row holds (-1: free or the reserved
-row), sharded like the weight's rows. Stock ``load_state_dict()`` and ``torch.distributed.checkpoint`` (DCP) then
+table's rows): int64 ``[num_embeddings, column shards]``, the ID each weight row holds (-1: free), sharded like the weight's rows. Stock ``load_state_dict()`` and ``torch.distributed.checkpoint`` (DCP) then
 round-trip the table with the same sharding plan; DCP may also move a table to a layout without hash placement
 (e.g. row_wise -> table_wise). A load that would put an ID on a shard that does not own it (another world size or
 row-wise split) raises a :class:`~torchrec_ascend.errors.ConfigError` naming the table: reshard with the
@@ -171,9 +170,8 @@ def _fused_hash_shards(module: torch.nn.Module) -> Dict[str, List[Tuple[HashRows
 
 
 def _row_ids(kernel: HashRows, t: int) -> torch.Tensor:
-    """The ID of every row of the shard: its pool's, then -1 for the reserved (not-admitted) row."""
-    slot_ids = kernel.slot_table(t).slot_ids
-    return torch.cat([slot_ids, slot_ids.new_full((1,), -1)])
+    """The ID of every row of the shard (-1: free); the reserved not-admitted row is outside the shard's rows."""
+    return kernel.slot_table(t).slot_ids.clone()
 
 
 def _column_offsets(global_metadata: Any) -> List[int]:

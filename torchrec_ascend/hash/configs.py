@@ -66,8 +66,8 @@ class HashTableSpec:
 class HashTableOptions:
     """The fields a hash config adds to TorchRec's (a dataclass mixed into both config classes, after theirs).
 
-    Each shard of a hash table keeps its last row for the vector of rejected IDs, so a table sharded ``S`` ways holds
-    up to ``num_embeddings - S`` IDs at once.
+    A table holds up to ``num_embeddings`` IDs at once, however it is sharded (the vector rejected IDs read lives in
+    one extra row per shard, outside ``num_embeddings``).
 
     Args:
         overflow: ``"error"`` (default) or ``"evict"`` when the capacity is full.
@@ -93,14 +93,11 @@ class HashTableOptions:
     eviction_cadence: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # type: ignore[misc]  # TorchRec's config (next in the MRO)
         assert isinstance(self, BaseEmbeddingConfig)
         where = f"hash table {self.name!r}"
-        if self.num_embeddings < 2:
-            raise ConfigError(
-                f"{where}: num_embeddings is the row capacity and must be >= 2 (one row per shard holds the "
-                f"not-admitted vector), got {self.num_embeddings}"
-            )
+        if self.num_embeddings < 1:  # before TorchRec's own checks, which divide by it
+            raise ConfigError(f"{where}: num_embeddings is the row capacity and must be >= 1, got {self.num_embeddings}")
+        super().__post_init__()  # type: ignore[misc]  # TorchRec's config (next in the MRO)
         if self.overflow not in OVERFLOW_RULES:
             raise ConfigError(f"{where}: overflow must be one of {OVERFLOW_RULES}, got {self.overflow!r}")
         if not self.eviction_policy:

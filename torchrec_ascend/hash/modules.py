@@ -21,7 +21,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 import torch
 from torchrec.modules.embedding_configs import pooling_type_to_str
@@ -46,7 +46,8 @@ class _HashRowsModule(torch.nn.Module):
         self.spec = config.hash_spec()
         self.init_range = (config.get_weight_init_min(), config.get_weight_init_max())
         self.weight = torch.nn.Parameter(torch.empty(config.num_embeddings, config.embedding_dim, device=device))
-        self.slots = SlotTable(config.name, self.spec, config.num_embeddings, self.spec.overflow)
+        # Every weight row can hold an ID; the reserved default row (slot num_embeddings) is not in the weight.
+        self.slots = SlotTable(config.name, self.spec, config.num_embeddings + 1, self.spec.overflow)
 
     def assign_batch(self, per_feature: List[torch.Tensor]) -> None:
         """Choose the rows of every feature of this table for one batch at once (one step of the table's policies,
@@ -79,14 +80,26 @@ class _HashRowsModule(torch.nn.Module):
                 "(e.g. x & (2**63 - 1)) before the lookup."
             )
         assignment = self.slots.assign(ids.long(), training=self.training)
-        with torch.no_grad():
-            if assignment.new_slots.numel():
-                low, high = self.init_range
+        if assignment.new_slots.numel():
+            low, high = self.init_range
+            with torch.no_grad():
                 self.weight[assignment.new_slots] = ops.hash_uniform_init(
                     assignment.new_ids, self.spec.init_seed, self.weight.shape[1], low, high
                 )
-            self.weight[self.slots.default_slot] = self.spec.not_admitted_value
         return assignment.slots
+
+    def table_and_rows(self, ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The table to look ``ids`` up in, and their rows of it: ``weight`` and the IDs' rows; or, when some IDs
+        read the reserved default row (rejected, or unknown in eval), only the batch's distinct rows (gathered from
+        ``weight``, the default row as ``not_admitted_value``) and each ID's index among them."""
+        rows = self.rows_for(ids)
+        default = rows == self.slots.default_slot
+        if not bool(default.any()):
+            return self.weight, rows
+        distinct, index = torch.unique(rows, return_inverse=True)
+        gathered = self.weight[distinct.clamp(max=self.weight.shape[0] - 1)]
+        return torch.where((distinct == self.slots.default_slot).unsqueeze(1), self.spec.not_admitted_value,
+                           gathered), index
 
 
 class HashEmbeddingBag(_HashRowsModule):
@@ -104,9 +117,9 @@ class HashEmbeddingBag(_HashRowsModule):
     def forward(
         self, input: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
+        table, rows = self.table_and_rows(input)
         return torch.nn.functional.embedding_bag(
-            self.rows_for(input), self.weight, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
-            include_last_offset=True,
+            rows, table, offsets, mode=self.mode, per_sample_weights=per_sample_weights, include_last_offset=True
         )
 
 
@@ -119,7 +132,8 @@ class HashEmbedding(_HashRowsModule):
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.embedding(self.rows_for(input), self.weight)
+        table, rows = self.table_and_rows(input)
+        return torch.nn.functional.embedding(rows, table)
 
 
 def install_hash_modules(collection: torch.nn.Module, configs: List[object], attribute: str) -> None:

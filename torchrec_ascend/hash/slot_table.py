@@ -6,8 +6,9 @@ never seen, frees rows through the eviction policy when the pool is full (never 
 flight), and counts all of it. It never touches row contents: the kernel initialises (or loads) the rows it is told
 are new and saves (or drops) the rows it is told were evicted.
 
-The last row of the pool is reserved: rejected IDs, and IDs unknown in eval mode, read it as the table's
-``not_admitted_value`` vector; the kernel rewrites it before each lookup.
+The pool has one row more than the shard holds IDs: its last row is reserved (outside ``num_embeddings``, hidden
+from state_dict), and rejected IDs, and IDs unknown in eval mode, read it as the table's ``not_admitted_value``
+vector; the kernel rewrites it before each lookup.
 
 Example::
 
@@ -56,20 +57,20 @@ class SlotTable(torch.nn.Module):
     Args:
         table: table name (for messages and metrics).
         spec: the table's hash options.
-        rows: rows in the pool, including the reserved default row (so ``rows - 1`` IDs fit).
+        rows: rows in the pool: the shard's rows plus the reserved default row (so ``rows - 1`` IDs fit).
         overflow: ``"error"`` raises :class:`CapacityError` when the pool is full; ``"evict"`` frees rows chosen
             by the eviction policy (a KEY_VALUE device cache always evicts).
 
     Raises:
-        ConfigError: fewer than 2 rows, or an unknown overflow rule or policy name.
+        ConfigError: a shard without rows (``rows < 2``), or an unknown overflow rule or policy name.
     """
 
     def __init__(self, table: str, spec: HashTableSpec, rows: int, overflow: str) -> None:
         super().__init__()
         if rows < 2:
             raise ConfigError(
-                f"table {table!r}: a shard has {rows} row(s); a hash shard needs at least 2 (one is reserved for "
-                "the not-admitted vector). Raise num_embeddings (or the cache load_factor)."
+                f"table {table!r}: a shard has {rows - 1} row(s) for IDs; it needs at least 1. Raise num_embeddings "
+                "to at least the number of shards (or the cache load_factor)."
             )
         if overflow not in ("error", "evict"):
             raise ConfigError(f"table {table!r}: overflow must be 'error' or 'evict', got {overflow!r}")

@@ -19,12 +19,13 @@ from typing import Any, List, Optional
 import torch
 import torch.distributed as dist
 from torchrec.distributed.batched_embedding_kernel import BatchedDenseEmbedding, BatchedDenseEmbeddingBag
+from torchrec.distributed.composable.table_batched_embedding_slice import TableBatchedEmbeddingSlice
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import HashTableSpec, hash_spec_of
-from torchrec_ascend.kernels.fused import HashRows, with_values, without_hash_params
+from torchrec_ascend.kernels.fused import HashRows, with_reserved_rows, with_values, without_hash_params
 
 
 class SequenceDenseEmbedding(BatchedDenseEmbedding):
@@ -49,8 +50,8 @@ class SequenceDenseEmbedding(BatchedDenseEmbedding):
         module = self._emb_module
         offsets = module.weights_physical_offsets
         return [
-            module.weights[offsets[t] : offsets[t + 1]].view(rows, cols)
-            for t, (rows, cols) in enumerate(zip(self._local_rows, self._local_cols))
+            module.weights[offsets[t] : offsets[t + 1]].view(-1, cols)  # the whole pool (a hash table's reserved row)
+            for t, cols in enumerate(self._local_cols)
         ]
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
@@ -79,6 +80,20 @@ class HashDenseRows(HashRows):
 
     def _pool_states(self, t: int) -> List[torch.Tensor]:
         return []  # the dense optimizer (outside the kernel) holds the state
+
+    def _hide_reserved_rows(self, config: GroupedEmbeddingConfig) -> None:
+        """As :meth:`HashRows._hide_reserved_rows`; the per-table parameters (the replicated weights TorchRec
+        registers on the collection) are rebuilt over the shard's own rows too."""
+        super()._hide_reserved_rows(config)
+        module = self._emb_module  # type: ignore[attr-defined]
+        offsets = module.weights_physical_offsets
+        self._param_per_table = {
+            table.name: TableBatchedEmbeddingSlice(
+                data=module.weights, start_offset=offsets[t], end_offset=offsets[t] + rows * cols, num_embeddings=-1,
+                embedding_dim=cols,
+            )
+            for t, (table, (rows, cols)) in enumerate(zip(config.embedding_tables, module.embedding_specs))
+        }
 
     def map_replicated(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """Rows for this rank's IDs, after inserting every rank's IDs of the batch (training)."""
@@ -116,8 +131,9 @@ class HashDenseEmbeddingBag(HashDenseRows, BatchedDenseEmbeddingBag):
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None,
                  sharding_type: Any = None, env: Any = None) -> None:
         specs = _specs(config)
-        super().__init__(without_hash_params(config), pg, device, sharding_type)
-        self._init_hash_rows(config, self._local_rows, [s.overflow for s in specs])
+        super().__init__(without_hash_params(with_reserved_rows(config)), pg, device, sharding_type)
+        self._hide_reserved_rows(config)
+        self._init_hash_rows(config, [r + 1 for r in self._local_rows], [s.overflow for s in specs])
 
     def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return super().forward(self.map_replicated(features), *args, **kwargs)
@@ -128,8 +144,9 @@ class HashDenseEmbedding(HashDenseRows, SequenceDenseEmbedding):
 
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None, env: Any = None) -> None:
         specs = _specs(config)
-        super().__init__(without_hash_params(config), pg, device)
-        self._init_hash_rows(config, self._local_rows, [s.overflow for s in specs])
+        super().__init__(without_hash_params(with_reserved_rows(config)), pg, device)
+        self._hide_reserved_rows(config)
+        self._init_hash_rows(config, [r + 1 for r in self._local_rows], [s.overflow for s in specs])
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         return super().forward(self.map_replicated(features))

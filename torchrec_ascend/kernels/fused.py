@@ -31,10 +31,16 @@ import dataclasses
 import itertools
 import math
 import threading
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import torch
-from torchrec.distributed.batched_embedding_kernel import BatchedFusedEmbedding, BatchedFusedEmbeddingBag
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata
+from torchrec.distributed.batched_embedding_kernel import (
+    BatchedFusedEmbedding,
+    BatchedFusedEmbeddingBag,
+    EmbeddingFusedOptimizer,
+)
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -50,6 +56,56 @@ def without_hash_params(config: GroupedEmbeddingConfig) -> GroupedEmbeddingConfi
     """The grouped config minus our fused_params entry (fbgemm would reject the unknown keyword)."""
     fused = {k: v for k, v in (config.fused_params or {}).items() if k != FUSED_PARAMS_KEY}
     return dataclasses.replace(config, fused_params=fused)
+
+
+def with_reserved_rows(config: GroupedEmbeddingConfig) -> GroupedEmbeddingConfig:
+    """The grouped config the TBE is built from: one more local row per table than the shard owns.
+
+    The extra (last) row of each table's pool is the reserved default row, which rejected IDs (and IDs unknown in
+    eval mode) read as ``not_admitted_value``; every one of the shard's own rows holds an ID.
+    :meth:`HashRows._hide_reserved_rows` then keeps the extra row out of what TorchRec and fbgemm report.
+
+    Example::
+
+        with_reserved_rows(config).embedding_tables[0].local_rows   # config's local_rows + 1
+    """
+    tables = [with_block_rows(t, lambda rows: rows + 1) for t in config.embedding_tables]
+    return dataclasses.replace(config, embedding_tables=tables)
+
+
+def with_block_rows(table: Any, rows_of: Callable[[int], int]) -> Any:
+    """A sharded table whose every row block of ``rows`` rows has ``rows_of(rows)`` rows, offsets recomputed.
+
+    The stock constructor wraps the TBE's weights and optimizer states in ShardedTensors checked against the table's
+    metadata, so a TBE of another size needs metadata that describes it consistently on every rank.
+
+    Example::
+
+        with_block_rows(table, lambda rows: rows + 1).local_rows   # table.local_rows + 1
+    """
+    if table.global_metadata is None or table.local_metadata is None:  # replicated: no shard metadata
+        return dataclasses.replace(table, local_rows=rows_of(table.local_rows))
+    shards = table.global_metadata.shards_metadata
+    blocks = sorted({(s.shard_offsets[0], s.shard_sizes[0]) for s in shards})
+    rows = {offset: rows_of(size) for offset, size in blocks}
+    offsets, total = {}, 0
+    for offset, _ in blocks:
+        offsets[offset], total = total, total + rows[offset]
+
+    def remap(s: ShardMetadata) -> ShardMetadata:
+        row0, col0 = s.shard_offsets
+        return ShardMetadata(shard_offsets=[offsets[row0], col0], shard_sizes=[rows[row0], s.shard_sizes[1]],
+                             placement=s.placement)
+
+    metadata = ShardedTensorMetadata(
+        shards_metadata=[remap(s) for s in shards],
+        size=torch.Size([total, table.global_metadata.size[1]]),
+        tensor_properties=table.global_metadata.tensor_properties,
+    )
+    return dataclasses.replace(
+        table, local_rows=rows[table.local_metadata.shard_offsets[0]], num_embeddings=total,
+        local_metadata=remap(table.local_metadata), global_metadata=metadata,
+    )
 
 
 def with_values(features: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJaggedTensor:
@@ -147,6 +203,24 @@ class HashRows:
         self._prefetching = False  # set by the first prefetch: from then on lookups pin their batch's rows
         self._rows_lock = threading.Lock()  # prefetch (a host thread) and lookup (the compute thread) both map IDs
         self.prefetched_batches = 0  # lookups that found their rows ready
+
+    def _hide_reserved_rows(self, config: GroupedEmbeddingConfig) -> None:
+        """Called right after the stock constructor built the TBE from :func:`with_reserved_rows` of ``config``.
+
+        The kernel keeps views of each table's whole pool (its rows plus the reserved one); everything TorchRec and
+        fbgemm report as the table (``split_embedding_weights``, ``split_optimizer_states``, ``state_dict``, the
+        fused optimizer's ShardedTensors, ``named_parameters``) covers the shard's own rows only: fbgemm takes each
+        table's row count for those views from the TBE's ``embedding_specs``, so that list is set to the shard's
+        rows, and the fused optimizer is rebuilt on it. The TBE's lookup (offsets, bounds) keeps the whole pool.
+        """
+        emb = self._emb_module  # type: ignore[attr-defined]
+        self._pool_weights(0)
+        self._pool_states(0)  # full views first, then hide the reserved rows from every later split
+        emb.embedding_specs = [(rows - 1, *rest) for rows, *rest in emb.embedding_specs]
+        self._config = without_hash_params(config)
+        self._local_rows = [t.local_rows for t in config.embedding_tables]
+        if isinstance(getattr(self, "_optim", None), EmbeddingFusedOptimizer):
+            self._optim = EmbeddingFusedOptimizer(self._config, emb, self._pg)  # type: ignore[attr-defined]
 
     def set_pipeline_depth(self, depth: int) -> None:
         """Accept any depth: pins follow the batches actually in flight (see :meth:`prefetch_ids`)."""
@@ -508,8 +582,9 @@ class HashFusedEmbeddingBag(HashRows, BatchedFusedEmbeddingBag):
 
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None,
                  sharding_type: Any = None, env: Any = None) -> None:
-        super().__init__(without_hash_params(config), pg, device, sharding_type, env)
-        self._init_hash_rows(config, self._local_rows, [s.overflow for s in _specs(config)])
+        super().__init__(without_hash_params(with_reserved_rows(config)), pg, device, sharding_type, env)
+        self._hide_reserved_rows(config)
+        self._init_hash_rows(config, _pool_rows(config), [s.overflow for s in _specs(config)])
 
     def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return super().forward(self.lookup_rows(features), *args, **kwargs)
@@ -519,8 +594,9 @@ class HashFusedEmbedding(HashRows, BatchedFusedEmbedding):
     """FUSED kernel of EmbeddingCollection hash tables (sequence lookups); arguments as HashFusedEmbeddingBag."""
 
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None, env: Any = None) -> None:
-        super().__init__(without_hash_params(config), pg, device)
-        self._init_hash_rows(config, self._local_rows, [s.overflow for s in _specs(config)])
+        super().__init__(without_hash_params(with_reserved_rows(config)), pg, device)
+        self._hide_reserved_rows(config)
+        self._init_hash_rows(config, _pool_rows(config), [s.overflow for s in _specs(config)])
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         return super().forward(self.lookup_rows(features))
@@ -528,3 +604,8 @@ class HashFusedEmbedding(HashRows, BatchedFusedEmbedding):
 
 def _specs(config: GroupedEmbeddingConfig) -> List[HashTableSpec]:
     return [hash_spec_of(t) or HashTableSpec() for t in config.embedding_tables]
+
+
+def _pool_rows(config: GroupedEmbeddingConfig) -> List[int]:
+    """Pool rows per table: the shard's rows, each holding an ID, plus the reserved default row."""
+    return [t.local_rows + 1 for t in config.embedding_tables]

@@ -332,8 +332,8 @@ HEADER = b"user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
 # -- the catalogue -------------------------------------------------------------------------------------------------
 
 CATALOGUE: List[BadInput] = [
-    BadInput("configs", "capacity_below_2", "`HashEmbeddingBagConfig(num_embeddings=1)`", ConfigError,
-             "num_embeddings is the row capacity and must be >= 2", lambda _: _config(num_embeddings=1)),
+    BadInput("configs", "capacity_below_1", "`HashEmbeddingBagConfig(num_embeddings=0)`", ConfigError,
+             "num_embeddings is the row capacity and must be >= 1", lambda _: _config(num_embeddings=0)),
     BadInput("configs", "overflow_misspelled", '`overflow="evcit"`', ConfigError, "overflow must be one of",
              lambda _: _config(overflow="evcit")),
     BadInput("configs", "no_eviction_policy", '`eviction_policy=""`', ConfigError,

@@ -47,7 +47,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, hash_spec_of
 from torchrec_ascend.hash.slot_table import Assignment
-from torchrec_ascend.kernels.fused import HashRows, ShardInfo, ShardRows, with_values
+from torchrec_ascend.kernels.fused import HashRows, ShardInfo, ShardRows, with_block_rows, with_values
 from torchrec_ascend.kernels.key_value.disk_store import DiskStore
 from torchrec_ascend.kernels.key_value.host_store import HostStore
 from torchrec_ascend.kernels.key_value.key_index import reserve
@@ -76,43 +76,16 @@ def cache_rows(local_rows: int, load_factor: Optional[float]) -> int:
 
 
 def _cache_table(table: Any, load_factor: Optional[float]) -> Any:
-    """A sharded table as the cache sees it: every row block shrunk to its cache size, offsets recomputed.
+    """A sharded table as the cache sees it: every row block shrunk to its cache size (see :func:`with_block_rows`).
 
     TorchRec's fused optimizer wraps the TBE's (cache-sized) weights and states in ShardedTensors checked against
     the table's metadata, so the metadata must describe the cache consistently on every rank.
     """
-    import dataclasses
-
-    from torch.distributed._shard.metadata import ShardMetadata
-    from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetadata
-
-    shards = table.global_metadata.shards_metadata
-    blocks = sorted({(s.shard_offsets[0], s.shard_sizes[0]) for s in shards})
-    rows = {offset: cache_rows(size, load_factor) for offset, size in blocks}
-    offsets, total = {}, 0
-    for offset, _ in blocks:
-        offsets[offset], total = total, total + rows[offset]
-
-    def remap(s: ShardMetadata) -> ShardMetadata:
-        row0, col0 = s.shard_offsets
-        return ShardMetadata(shard_offsets=[offsets[row0], col0], shard_sizes=[rows[row0], s.shard_sizes[1]],
-                             placement=s.placement)
-
-    metadata = ShardedTensorMetadata(
-        shards_metadata=[remap(s) for s in shards],
-        size=torch.Size([total, table.global_metadata.size[1]]),
-        tensor_properties=table.global_metadata.tensor_properties,
-    )
-    return dataclasses.replace(
-        table, local_rows=rows[table.local_metadata.shard_offsets[0]], num_embeddings=total,
-        local_metadata=remap(table.local_metadata), global_metadata=metadata,
-    )
+    return with_block_rows(table, lambda rows: cache_rows(rows, load_factor))
 
 
 def _cache_config(config: GroupedEmbeddingConfig) -> GroupedEmbeddingConfig:
     """The grouped config as the TBE must see it: cache-sized tables, no key-value-only parameters."""
-    import dataclasses
-
     fused = {k: v for k, v in (config.fused_params or {}).items() if k not in _NOT_TBE_PARAMS}
     # Each table keeps its own load factor (TorchRec leaves it out of the group's fused_params on purpose).
     tables = [_cache_table(t, (t.fused_params or {}).get("cache_load_factor")) for t in config.embedding_tables]
