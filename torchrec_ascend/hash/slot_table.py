@@ -65,6 +65,12 @@ class SlotTable(torch.nn.Module):
         ConfigError: a shard without rows (``rows < 2``), or an unknown overflow rule or policy name.
     """
 
+    # The buffers registered in __init__, typed (nn.Module's attribute lookup would type them as Tensor | Module).
+    slot_ids: torch.Tensor
+    last_used: torch.Tensor
+    pins: torch.Tensor
+    new_mark: torch.Tensor
+
     def __init__(self, table: str, spec: HashTableSpec, rows: int, overflow: str) -> None:
         super().__init__()
         if rows < 2:
