@@ -21,7 +21,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union, cast
 
 import torch
 from torchrec.modules.embedding_configs import pooling_type_to_str
@@ -136,7 +136,7 @@ class HashEmbedding(_HashRowsModule):
         return torch.nn.functional.embedding(rows, table)
 
 
-def install_hash_modules(collection: torch.nn.Module, configs: List[object], attribute: str) -> None:
+def install_hash_modules(collection: torch.nn.Module, configs: List[Any], attribute: str) -> None:
     """Replace the stock lookups of hash configs in a collection (called after the stock ``__init__``)."""
     lookups = getattr(collection, attribute)
     device = getattr(collection, "_device", None)
@@ -144,7 +144,7 @@ def install_hash_modules(collection: torch.nn.Module, configs: List[object], att
     for config in configs:
         if is_hash_config(config):
             cls = HashEmbeddingBag if attribute == "embedding_bags" else HashEmbedding
-            lookups[config.name] = cls(config, device=device)  # type: ignore[arg-type]
+            lookups[config.name] = cls(config, device=device)
             if len(lookups[config.name].features) > 1:
                 shared.append(config.name)
     if shared:
@@ -156,7 +156,7 @@ def install_hash_modules(collection: torch.nn.Module, configs: List[object], att
 def _assign_shared(lookups: torch.nn.ModuleDict, tables: List[str], features: KeyedJaggedTensor) -> None:
     per_key = features.to_dict()
     for name in tables:
-        lookup = lookups[name]
+        lookup = cast(_HashRowsModule, lookups[name])
         lookup.assign_batch([per_key[f].values() for f in lookup.features])
 
 
