@@ -164,7 +164,7 @@ class SlotTable(torch.nn.Module):
         if training:
             admitted = self._admit(unique[missing], counts[missing], known, _select(signals, inverse, missing))
         else:  # eval with lower tiers: bring their rows in, insert nothing new
-            admitted = known(unique[missing])  # type: ignore[misc]
+            admitted = known(unique[missing])  # type: ignore[misc]  # not None: eval without it returned above
             self.counters["unknown_in_eval"] += int(missing.numel() - admitted.sum())
         new_pos = missing[admitted]
         new_ids = unique[new_pos]
@@ -180,7 +180,7 @@ class SlotTable(torch.nn.Module):
         self.counters["inserted"] += new_ids.numel()
         if self.eviction is not None:
             self.eviction.on_insert(new_slots, new_ids, self.step, counts=counts[new_pos])
-            self.cadence.on_insert(new_slots, self.step)  # type: ignore[union-attr]
+            self.cadence.on_insert(new_slots, self.step)  # type: ignore[union-attr]  # cadence exists whenever eviction does
             self.eviction.on_access(hit_slots, unique[hit], counts[hit], self.step)
         return Assignment(
             slots=slots_u[inverse],
@@ -232,7 +232,7 @@ class SlotTable(torch.nn.Module):
         self.slot_ids[gone] = -1
         if self.eviction is not None and gone.numel():
             self.eviction.on_remove(gone)
-            self.cadence.on_remove(gone)  # type: ignore[union-attr]
+            self.cadence.on_remove(gone)  # type: ignore[union-attr]  # cadence exists whenever eviction does
         return freed
 
     def stats(self) -> Dict[str, int]:
@@ -243,7 +243,7 @@ class SlotTable(torch.nn.Module):
         state: Dict[str, Any] = {"step": self.step, "counters": dict(self.counters)}
         if self.eviction is not None:
             state["eviction"] = self.eviction.state_dict()
-            state["cadence"] = self.cadence.state_dict()  # type: ignore[union-attr]
+            state["cadence"] = self.cadence.state_dict()  # type: ignore[union-attr]  # cadence exists whenever eviction does
         if self.admission is not None:
             state["admission"] = self.admission.state_dict()
         return state
@@ -254,7 +254,7 @@ class SlotTable(torch.nn.Module):
         if self.eviction is not None and "eviction" in state:
             self.eviction.load_state_dict(state["eviction"])
             if "cadence" in state:
-                self.cadence.load_state_dict(state["cadence"])  # type: ignore[union-attr]
+                self.cadence.load_state_dict(state["cadence"])  # type: ignore[union-attr]  # cadence exists whenever eviction does
         if self.admission is not None and "admission" in state:
             self.admission.load_state_dict(state["admission"])
 
@@ -447,8 +447,8 @@ class SlotTable(torch.nn.Module):
     def _make_room(self, needed: int, on_evict: Optional[Callable[[torch.Tensor, torch.Tensor], None]]) -> tuple:
         free = self.capacity - len(self.id_map)
         due = self.cadence is not None and self.cadence.due(self.step)
-        expired = self.eviction.expired(self.step) if due else _EMPTY  # type: ignore[union-attr]
-        bulk = due and (expired.numel() > 0 or self.cadence.headroom > 0)  # type: ignore[union-attr]
+        expired = self.eviction.expired(self.step) if due else _EMPTY  # type: ignore[union-attr]  # due: has a cadence, so eviction
+        bulk = due and (expired.numel() > 0 or self.cadence.headroom > 0)  # type: ignore[union-attr]  # due: has a cadence
         if needed <= free and not bulk:
             return _EMPTY, _EMPTY
         if self.overflow == "error":
