@@ -48,7 +48,7 @@ def resolve_owner(path: str) -> Tuple[Any, str]:
     return owner, attr
 
 
-def resolve_object(path: str, imported_only: bool = False) -> Optional[Any]:
+def resolve_object(path: str, imported_only: bool = False) -> Any:
     """The object a path names.
 
     Args:
