@@ -74,7 +74,7 @@ def wait_tensors(
     modules: Sequence[torch.nn.Module], context: PrefetchTrainPipelineContext, workers: ModuleWorkers
 ) -> None:
     """SECOND_ALL2ALL: wait for each module's lengths/IDs all-to-all and keep the assembled input for compute."""
-    names = [module.forward.name for module in modules]
+    names = [module.forward.name for module in modules]  # type: ignore[attr-defined]  # TorchRec's pipelined forward, named
     requests = [context.input_dist_tensors_requests.pop(name) for name in names]
     for name, dist_input in zip(names, workers.map(lambda request: request.wait(), requests)):
         context.module_input_post_prefetch[name] = dist_input
@@ -90,7 +90,7 @@ def prefetch(
 
     Moves each module's context to ``module_contexts_post_prefetch``, where the pipelined forward picks it up.
     """
-    names = [module.forward.name for module in modules]
+    names = [module.forward.name for module in modules]  # type: ignore[attr-defined]  # TorchRec's pipelined forward, named
     module_ctxs = [context.module_contexts.pop(name) for name in names]
 
     def one(pair: Any) -> None:
