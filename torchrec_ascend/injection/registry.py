@@ -65,7 +65,7 @@ def _only_newer(requires: Mapping[str, str], versions: Mapping[str, Optional[str
     failing = [
         (versions.get(d), spec)
         for d, spec in requires.items()
-        if versions.get(d) is None or Version(versions[d]) not in SpecifierSet(spec, prereleases=True)
+        if (have := versions.get(d)) is None or Version(have) not in SpecifierSet(spec, prereleases=True)
     ]
     return bool(failing) and all(have is not None and newer_than(have, spec) for have, spec in failing)
 
