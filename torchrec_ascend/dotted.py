@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Tuple
 
 
 def split_path(path: str) -> Tuple[str, str]:
