@@ -103,7 +103,7 @@ class SparseDistPipeline(TrainPipelineSparseDist):
 
     def forget_rewrite(self) -> None:
         """Mark the input-dist override as not done (before a new rewrite, which sets it again)."""
-        self._original_kjt_dist_forwards = []
+        self._original_kjt_dist_forwards: List[Any] = []
 
     def _pipeline_model(self, batch: Any, context: Any, pipelined_forward: Any = None) -> None:
         # TorchRec's entry point for the rewrite (also called by its own attach paths): routed to rewrite_model.
