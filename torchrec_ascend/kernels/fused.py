@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import math
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple, cast
 
 import torch
 from torch.distributed._shard.metadata import ShardMetadata
@@ -179,22 +180,30 @@ class HashRows:
     ``forward``. Subclasses change :meth:`_rows_arrived` and :meth:`_rows_left`.
     """
 
-    _slot_tables: torch.nn.ModuleList
+    _slot_tables: Sequence[SlotTable]  # a torch.nn.ModuleList: registered, moved and saved with the kernel
     _specs: List[HashTableSpec]
+    # Supplied by the TorchRec kernel class this mixin is combined with (TorchRec ships no types: Any to mypy).
+    _emb_module: Any
+    _config: Any
+    _pg: Any
+    _feature_table_map: List[int]
+    _col_offset: List[int]
+    _local_cols: List[int]
+    training: bool
 
     def _init_hash_rows(self, config: GroupedEmbeddingConfig, pool_rows: List[int], overflow: List[str]) -> None:
         self._specs = [hash_spec_of(t) or HashTableSpec() for t in config.embedding_tables]
-        self._slot_tables = torch.nn.ModuleList(
+        self._slot_tables = cast(Sequence[SlotTable], torch.nn.ModuleList(
             SlotTable(t.name, spec, rows, rule)
             for t, spec, rows, rule in zip(config.embedding_tables, self._specs, pool_rows, overflow)
-        )
+        ))
         self._table_names = [t.name for t in config.embedding_tables]
         self._feature_names = [f for t in config.embedding_tables for f in t.feature_names]
         self._init_ranges = [(t.get_weight_init_min(), t.get_weight_init_max()) for t in config.embedding_tables]
         # TorchRec's prefetch (called for KEY_VALUE tables by prefetching pipelines) hands the TBE raw IDs, which
         # fbgemm's bounds check would clamp in place: it comes to us instead (see prefetch_ids).
-        self._emb_module.prefetch = self.prefetch_ids  # type: ignore[attr-defined]
-        self._emb_module.prefetch_pipeline = True  # type: ignore[attr-defined]  # TorchRec checks it for key_value
+        self._emb_module.prefetch = self.prefetch_ids
+        self._emb_module.prefetch_pipeline = True  # TorchRec checks it for key_value
         self._pipeline_depth = 1
         # Prefetched batches by their IDs tensor (kept alive, so its address stays unique): (ids, rows, pinned slots);
         # rows and pins None: the batch could not be prefetched and is mapped at its lookup (and so is every later one).
@@ -213,14 +222,14 @@ class HashRows:
         table's row count for those views from the TBE's ``embedding_specs``, so that list is set to the shard's
         rows, and the fused optimizer is rebuilt on it. The TBE's lookup (offsets, bounds) keeps the whole pool.
         """
-        emb = self._emb_module  # type: ignore[attr-defined]
+        emb = self._emb_module
         self._pool_weights(0)
         self._pool_states(0)  # full views first, then hide the reserved rows from every later split
         emb.embedding_specs = [(rows - 1, *rest) for rows, *rest in emb.embedding_specs]
         self._config = without_hash_params(config)
         self._local_rows = [t.local_rows for t in config.embedding_tables]
         if isinstance(getattr(self, "_optim", None), EmbeddingFusedOptimizer):
-            self._optim = EmbeddingFusedOptimizer(self._config, emb, self._pg)  # type: ignore[attr-defined]
+            self._optim = EmbeddingFusedOptimizer(self._config, emb, self._pg)
 
     def set_pipeline_depth(self, depth: int) -> None:
         """Accept any depth: pins follow the batches actually in flight (see :meth:`prefetch_ids`)."""
@@ -284,7 +293,7 @@ class HashRows:
     def _ids_per_table(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
         per_feature = torch.split(features.values(), features.length_per_key())
         return [
-            torch.cat([per_feature[i] for i, ft in enumerate(self._feature_table_map) if ft == t] or [_EMPTY])  # type: ignore
+            torch.cat([per_feature[i] for i, ft in enumerate(self._feature_table_map) if ft == t] or [_EMPTY])
             for t in range(len(self._slot_tables))
         ]
 
@@ -313,7 +322,7 @@ class HashRows:
         """Every ID held by table ``t``'s shard, its row (this shard's columns, on the host) and its first column."""
         ids, slots = self._slot_tables[t].id_map.export()
         weights = self._pool_weights(t)
-        return ids, weights[slots.to(weights.device)].cpu(), self._col_offset[t]  # type: ignore[attr-defined]
+        return ids, weights[slots.to(weights.device)].cpu(), self._col_offset[t]
 
     def map_ids(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``features`` with raw IDs replaced by rows; new rows filled, evicted rows handed to the subclass.
@@ -331,7 +340,7 @@ class HashRows:
         per_feature = list(torch.split(values, on_host.length_per_key()))
         for i, (feature, ids) in enumerate(zip(self._feature_names, per_feature)):
             if ids.numel() and int(ids.min()) < 0:
-                table = self._table_names[self._feature_table_map[i]]  # type: ignore[attr-defined]
+                table = self._table_names[self._feature_table_map[i]]
                 raise ValueError(
                     f"hash table {table!r}, feature {feature!r}: IDs must be non-negative int64, got "
                     f"{int(ids.min())}. Map negative IDs to non-negative ones (e.g. x & (2**63 - 1)) before lookup."
@@ -341,8 +350,8 @@ class HashRows:
             features_of_t = [i for i, ft in enumerate(self._feature_table_map) if ft == t]
             ids = torch.cat([per_feature[i] for i in features_of_t]) if features_of_t else values[:0]
             assignment = table.assign(
-                ids.long(), training=self.training,  # type: ignore[attr-defined]
-                known=self._known(t), on_evict=lambda slots, ids, t=t: self._rows_left(t, slots, ids),
+                ids.long(), training=self.training,
+                known=self._known(t), on_evict=functools.partial(self._rows_left, t),
             )
             if assignment.new_slots.numel():
                 try:
@@ -351,7 +360,8 @@ class HashRows:
                     table.remove(assignment.new_ids)  # unfilled rows must not stay mapped; the stores keep theirs
                     raise
             self._write_default_row(t)
-            for i, part in zip(features_of_t, torch.split(assignment.slots, [per_feature[i].numel() for i in features_of_t])):
+            sizes = [per_feature[i].numel() for i in features_of_t]
+            for i, part in zip(features_of_t, torch.split(assignment.slots, sizes)):
                 slots[i] = part
         host_slots = torch.cat(slots) if slots else values
         return host_slots.to(device, non_blocking=True), with_values(on_host, host_slots)
@@ -361,19 +371,19 @@ class HashRows:
     # while an earlier batch's forward may have saved the whole tensor for its backward.
     def _pool_weights(self, t: int) -> torch.Tensor:
         if not hasattr(self, "_weight_views"):
-            self._weight_views = [w.data for w in self._emb_module.split_embedding_weights()]  # type: ignore
+            self._weight_views = [w.data for w in self._emb_module.split_embedding_weights()]
         return self._weight_views[t]
 
     def _pool_states(self, t: int) -> List[torch.Tensor]:
         if not hasattr(self, "_state_views"):
-            states = self._emb_module.split_optimizer_states()  # type: ignore[attr-defined]
+            states = self._emb_module.split_optimizer_states()
             self._state_views = [[s.data for s in per_table] for per_table in states] if states else []
         return self._state_views[t] if self._state_views else []  # stateless optimizers (SGD) have none
 
     def initial_rows(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         """The deterministic initial values of ``ids`` for this shard's columns of table ``t``."""
         low, high = self._init_ranges[t]
-        col0, cols = self._col_offset[t], self._local_cols[t]  # type: ignore[attr-defined]
+        col0, cols = self._col_offset[t], self._local_cols[t]
         return ops.hash_uniform_init(ids, self._specs[t].init_seed, col0 + cols, low, high)[:, col0:]
 
     def _rows_arrived(self, t: int, assignment: Assignment) -> None:
@@ -418,16 +428,16 @@ class HashRows:
             info = kernel.shard_info(0)
             info.name, info.col0, info.cols, info.state_shapes   # ('user', 0, 16, ((16,),)) with Adagrad
         """
-        emb = self._emb_module  # type: ignore[attr-defined]
+        emb = self._emb_module
         table = self._slot_tables[t]
         return ShardInfo(
             name=self._table_names[t],
-            table=self._config.embedding_tables[t],  # type: ignore[attr-defined]
+            table=self._config.embedding_tables[t],
             hash_ids=True,
             spec=self._specs[t],
             capacity=table.capacity,
-            col0=self._col_offset[t],  # type: ignore[attr-defined]
-            cols=self._local_cols[t],  # type: ignore[attr-defined]
+            col0=self._col_offset[t],
+            cols=self._local_cols[t],
             state_shapes=tuple(tuple(s.shape[1:]) for s in self._pool_states(t)),
             optimizer=str(getattr(emb.optimizer, "value", emb.optimizer)),
             eviction=table.eviction is not None,
@@ -437,7 +447,7 @@ class HashRows:
 
     def row_width(self, t: int) -> int:
         """Elements of a packed row of table ``t``: its columns plus every optimizer state's per-row elements."""
-        return self._local_cols[t] + sum(math.prod(s.shape[1:]) for s in self._pool_states(t))  # type: ignore
+        return self._local_cols[t] + sum(math.prod(s.shape[1:]) for s in self._pool_states(t))
 
     def pack_rows(self, t: int, slots: torch.Tensor) -> torch.Tensor:
         """Pool rows ``slots`` of table ``t`` as ``[n, row_width]`` on the host: weights, then each optimizer state
@@ -456,7 +466,7 @@ class HashRows:
 
     def unpack_rows(self, t: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write packed ``rows`` (``[n, row_width]``, see :meth:`pack_rows`) to pool rows ``slots`` of table ``t``."""
-        cols = self._local_cols[t]  # type: ignore[attr-defined]
+        cols = self._local_cols[t]
         weights = self._pool_weights(t)
         slots, rows = slots.to(weights.device), rows.to(weights.device)
         with torch.no_grad():
@@ -536,11 +546,11 @@ class HashRows:
 
     def optimizer_iteration(self) -> int:
         """The fused optimizer's step counter (fbgemm's ``iter``; Adam-style optimizers use it)."""
-        return int(self._emb_module.iter.item())  # type: ignore[attr-defined]
+        return int(self._emb_module.iter.item())
 
     def set_optimizer_iteration(self, value: int) -> None:
         """Set the fused optimizer's step counter (and fbgemm's CPU copy of it, which it syncs only from 0)."""
-        emb = self._emb_module  # type: ignore[attr-defined]
+        emb = self._emb_module
         emb.iter.fill_(value)
         if isinstance(getattr(emb, "iter_cpu", None), torch.Tensor):
             emb.iter_cpu.fill_(value)
