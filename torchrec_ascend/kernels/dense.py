@@ -85,7 +85,7 @@ class HashDenseRows(HashRows):
         """As :meth:`HashRows._hide_reserved_rows`; the per-table parameters (the replicated weights TorchRec
         registers on the collection) are rebuilt over the shard's own rows too."""
         super()._hide_reserved_rows(config)
-        module = self._emb_module  # type: ignore[attr-defined]
+        module = self._emb_module
         offsets = module.weights_physical_offsets
         self._param_per_table = {
             table.name: TableBatchedEmbeddingSlice(
@@ -97,8 +97,8 @@ class HashDenseRows(HashRows):
 
     def map_replicated(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """Rows for this rank's IDs, after inserting every rank's IDs of the batch (training)."""
-        group = self._pg  # type: ignore[attr-defined]
-        if not self.training or group is None or dist.get_world_size(group) == 1:  # type: ignore[attr-defined]
+        group = self._pg
+        if not self.training or group is None or dist.get_world_size(group) == 1:
             return self.map_ids(features)
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         lengths = torch.tensor(features.length_per_key(), dtype=torch.int64)
