@@ -179,11 +179,12 @@ def _column_offsets(global_metadata: Any) -> List[int]:
 
 
 def _id_shard(weight_shard: Any, columns: List[int]) -> ShardMetadata:
-    """A weight shard's piece of ``weight_id``: the same rows, one column per column shard."""
+    """A weight shard's piece of ``weight_id``: the same rows, one column per column shard, on the same rank's host
+    (the IDs live in the host slot table by design, whatever device holds the rows: no copy to the device)."""
     return ShardMetadata(
         shard_offsets=[int(weight_shard.shard_offsets[0]), columns.index(int(weight_shard.shard_offsets[1]))],
         shard_sizes=[int(weight_shard.shard_sizes[0]), 1],
-        placement=weight_shard.placement,
+        placement=torch.distributed._remote_device(f"rank:{weight_shard.placement.rank()}/cpu"),
     )
 
 
