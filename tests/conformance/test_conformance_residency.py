@@ -29,6 +29,17 @@ def test_devices_of_walks_what_scripts_report() -> None:
     assert residency(parameters=layer, outputs=[kjt]) == {"parameters": ["cpu"], "outputs": ["meta"]}
 
 
+def test_a_zero_element_placeholder_lives_nowhere() -> None:
+    """Stock TorchRec gives a rank ``torch.empty(0)`` host parameters for the tables it does not hold: they hold no
+    data, so they cannot show a device run trained on the host; a host tensor with data still does."""
+    holder = torch.nn.Module()
+    holder.held = torch.nn.Parameter(torch.zeros(2, 2, device="meta"))
+    holder.not_held = torch.nn.Parameter(torch.empty(0))
+    assert devices_of(holder) == {"meta"}
+    holder.stray = torch.nn.Parameter(torch.zeros(1))
+    assert devices_of(holder) == {"cpu", "meta"}
+
+
 def test_merge_joins_the_ranks_residency() -> None:
     ranks = [{"error": "", "residency": {"parameters": ["npu"], "outputs": ["npu"]}},
              {"error": "", "residency": {"parameters": ["cpu", "npu"], "outputs": ["npu"]}}, {"error": ""}]
