@@ -5,9 +5,11 @@ Run with torchrun (``conformance_tests/launch.py``); cases:
 * ``{"kind": "full_cache", "module": "ebc"|"ec"}``: ``CacheParams(load_factor=1.0)`` on a 10-ID table sharded
   row_wise; every batch touches exactly the 5 IDs each shard owns. The cache must hold them all (no eviction) and
   train as FUSED.
-* ``{"kind": "eval", "module": "ebc"|"ec", "pooling": "sum"|"mean", "weighted": bool}``: a small cache, a training
-  step, then eval-mode forwards under ``torch.no_grad()`` whose rows are many times the cache, then training goes
-  on. Every output (train and eval) and every final row must equal FUSED's.
+* ``{"kind": "eval", "module": "ebc"|"ec", "pooling": "sum"|"mean", "weighted": bool, "vbe": bool}``: a small
+  cache, a training step, then eval-mode forwards under ``torch.no_grad()`` whose rows are many times the cache, then
+  training goes on. Every output (train and eval) and every final row must equal FUSED's. With ``vbe`` every batch
+  has a variable batch size per feature (``stride_per_key_per_rank`` with ``inverse_indices``; TorchRec's row-wise
+  output dist is made for the first batch's kind, so a model does not switch kinds).
 
 Reported: ``fwd_err``, ``eval_err``, ``row_err`` (all must be 0.0), ``evicted`` and ``eval_rows`` (distinct rows an
 eval batch touched on a shard, so a case that fit the cache cannot pass unnoticed).
@@ -48,8 +50,11 @@ def make_module(case: Dict[str, Any], capacity: int) -> torch.nn.Module:
     ], is_weighted=bool(case.get("weighted")))
 
 
-def shard(module: torch.nn.Module, key_value: bool, load_factor: float, pg: Any, directory: str) -> Any:
-    apply_optimizer_in_backward(torch.optim.Adagrad, module.parameters(), {"lr": LR, "eps": 1e-8})
+def shard(module: torch.nn.Module, key_value: bool, load_factor: float, pg: Any, directory: str,
+          rowwise: bool = False) -> Any:
+    # fbgemm's variable-batch lookups (even in eval) take row-wise Adagrad, not Adagrad
+    optimizer = torchrec.optim.RowWiseAdagrad if rowwise else torch.optim.Adagrad
+    apply_optimizer_in_backward(optimizer, module.parameters(), {"lr": LR, "eps": 1e-8})
     constraints = {"t": ParameterConstraints(
         sharding_types=["row_wise"], compute_kernels=["key_value" if key_value else "fused"],
         cache_params=CacheParams(load_factor=load_factor) if key_value else None,
@@ -69,13 +74,19 @@ def ids_owned_by_each_rank(per_rank: int, world: int) -> torch.Tensor:
     return torch.cat([candidates[owner == r][:per_rank] for r in range(world)])
 
 
-def batch(ids: torch.Tensor, step: int, rank: int, weighted: bool) -> KeyedJaggedTensor:
-    """``BATCH`` samples per feature (2 features) drawing from ``ids``, every ID present at least once."""
+def batch(ids: torch.Tensor, step: int, rank: int, weighted: bool, vbe: bool = False) -> KeyedJaggedTensor:
+    """``BATCH`` samples per feature (2 features) drawing from ``ids``, every ID present at least once; ``vbe``:
+    feature ``g`` has ``BATCH - 1 - rank`` samples, expanded back to ``BATCH`` in the output."""
     gen = torch.Generator().manual_seed(100 * step + rank)
-    lengths = torch.randint(0, 4, (2 * BATCH,), generator=gen)
+    samples = [BATCH, BATCH - 1 - rank] if vbe else [BATCH, BATCH]
+    lengths = torch.randint(0, 4, (sum(samples),), generator=gen)
     lengths[0] = lengths[0] + ids.numel()
     values = torch.cat([ids, ids[torch.randint(0, ids.numel(), (int(lengths.sum()) - ids.numel(),), generator=gen)]])
     weights = torch.rand(values.numel(), generator=gen) if weighted else None
+    if vbe:
+        inverse = torch.stack([torch.arange(BATCH) % n for n in samples])
+        return KeyedJaggedTensor(keys=["f", "g"], values=values, lengths=lengths, weights=weights,
+                                 stride_per_key_per_rank=[[n] for n in samples], inverse_indices=(["f", "g"], inverse))
     return KeyedJaggedTensor.from_lengths_sync(keys=["f", "g"], values=values, lengths=lengths, weights=weights)
 
 
@@ -110,18 +121,19 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
             eval_err = eval_step([fused, cached], batch(ids, 9, rank, weighted), kind)
             eval_rows = 5
         else:
-            fused = shard(make_module(case, 1024), False, 1.0, pg, directory)
-            cached = shard(make_module(case, 512 * world), True, 8 / 512, pg, directory)  # 8 rows per shard
+            vbe = bool(case.get("vbe"))
+            fused = shard(make_module(case, 1024), False, 1.0, pg, directory, rowwise=vbe)
+            cached = shard(make_module(case, 512 * world), True, 8 / 512, pg, directory, rowwise=vbe)  # 8 per shard
             small = ids_owned_by_each_rank(3, world)
             big = ids_owned_by_each_rank(60, world)
             unknown = ids_owned_by_each_rank(70, world)[-10:]  # never trained: the not-admitted vector
             fwd_err, eval_err = 0.0, 0.0
             for s in range(3):
                 step_ids = big.view(world, -1)[:, s * 4:(s + 1) * 4].reshape(-1)  # 4 per shard
-                fwd_err = max(fwd_err, train_step([fused, cached], batch(step_ids, s, rank, weighted), kind, s))
-                eval_err = max(eval_err, eval_step([fused, cached], batch(torch.cat([big, unknown]), s, rank,
-                                                                          weighted), kind))
-            fwd_err = max(fwd_err, train_step([fused, cached], batch(small, 7, rank, weighted), kind, 7))
+                fwd_err = max(fwd_err, train_step([fused, cached], batch(step_ids, s, rank, weighted, vbe), kind, s))
+                eval_batch = batch(torch.cat([big, unknown]), s, rank, weighted, vbe)
+                eval_err = max(eval_err, eval_step([fused, cached], eval_batch, kind))
+            fwd_err = max(fwd_err, train_step([fused, cached], batch(small, 7, rank, weighted, vbe), kind, 7))
             eval_rows = 60
         row_err = max_row_diff(sharded_rows(fused, pg), sharded_rows(cached, pg))
         evicted = sum(m["evicted"] for m in cache_metrics(cached).values())

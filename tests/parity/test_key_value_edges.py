@@ -17,11 +17,14 @@ FULL = [{"kind": "full_cache", "module": m} for m in ("ebc", "ec")] + [
 ]
 EVAL: List[Dict[str, Any]] = [
     {"kind": "eval", "module": "ebc", "pooling": p, "weighted": w} for p in ("sum", "mean") for w in (False, True)
-] + [{"kind": "eval", "module": "ec"}]
+] + [{"kind": "eval", "module": "ec"}] + [
+    {"kind": "eval", "module": "ebc", "pooling": p, "weighted": w, "vbe": True}
+    for p, w in (("sum", True), ("mean", False))
+]
 
 
 def case_id(case: Dict[str, Any]) -> str:
-    return "-".join(str(case.get(k, "")) for k in ("kind", "module", "pooling", "weighted"))
+    return "-".join(str(case.get(k, "")) for k in ("kind", "module", "pooling", "weighted", "vbe"))
 
 
 @pytest.fixture(scope="module")

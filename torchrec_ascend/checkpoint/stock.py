@@ -2,9 +2,10 @@
 
 A sharded FUSED hash table's pool rows mean nothing without its ID map, so its ``state_dict()`` entry
 ``<prefix>.<table>.weight`` comes with ``<prefix>.<table>.weight_id`` (TorchRec's name for the IDs of a dynamic
-table's rows): int64 ``[num_embeddings, column shards]``, the ID each weight row holds (-1: free), sharded like the weight's rows. Stock ``load_state_dict()`` and ``torch.distributed.checkpoint`` (DCP) then
-round-trip the table with the same sharding plan; DCP may also move a table to a layout without hash placement
-(e.g. row_wise -> table_wise). A load that would put an ID on a shard that does not own it (another world size or
+table's rows): int64 ``[num_embeddings, column shards]``, the ID each weight row holds (-1: free), sharded like
+the weight's rows. Stock ``load_state_dict()`` and ``torch.distributed.checkpoint`` (DCP) then round-trip the
+table with the same sharding plan; DCP may also move a table to a layout without hash placement (e.g. row_wise ->
+table_wise). A load that would put an ID on a shard that does not own it (another world size or
 row-wise split) raises a :class:`~torchrec_ascend.errors.ConfigError` naming the table: reshard with the
 :class:`~torchrec_ascend.checkpoint.Saver`, which also keeps policy state and KEY_VALUE tiers.
 

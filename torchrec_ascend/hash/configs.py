@@ -96,7 +96,9 @@ class HashTableOptions:
         assert isinstance(self, BaseEmbeddingConfig)
         where = f"hash table {self.name!r}"
         if self.num_embeddings < 1:  # before TorchRec's own checks, which divide by it
-            raise ConfigError(f"{where}: num_embeddings is the row capacity and must be >= 1, got {self.num_embeddings}")
+            raise ConfigError(
+                f"{where}: num_embeddings is the row capacity and must be >= 1, got {self.num_embeddings}"
+            )
         super().__post_init__()  # type: ignore[misc]  # TorchRec's config (next in the MRO)
         if self.overflow not in OVERFLOW_RULES:
             raise ConfigError(f"{where}: overflow must be one of {OVERFLOW_RULES}, got {self.overflow!r}")
@@ -104,7 +106,9 @@ class HashTableOptions:
             raise ConfigError(f"{where}: eviction_policy must name a policy (see `torchrec-ascend policies`)")
         unknown = sorted(set(self.eviction_cadence) - set(CADENCE_OPTIONS))
         if unknown:
-            raise ConfigError(f"{where}: eviction_cadence does not take {unknown}; it takes {', '.join(CADENCE_OPTIONS)}")
+            raise ConfigError(
+                f"{where}: eviction_cadence does not take {unknown}; it takes {', '.join(CADENCE_OPTIONS)}"
+            )
         if self.admission_options and not self.admission_policy:
             raise ConfigError(f"{where}: admission_options {sorted(self.admission_options)} are given without an "
                               "admission_policy; name the policy they are for (see `torchrec-ascend policies`)")

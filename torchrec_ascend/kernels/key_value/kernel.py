@@ -31,9 +31,9 @@ in three tiers); :func:`cache_metrics` reports what is where, and the checkpoint
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
-import dataclasses
 import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -155,7 +155,7 @@ class KeyValueRows(HashRows):
     def _eval_on_host(self, features: KeyedJaggedTensor) -> Optional[KeyedJaggedTensor]:
         """For an evaluation batch whose rows the cache cannot take now: the batch with its IDs on the host (for
         :meth:`rows_from_tiers`); None otherwise (training, or the batch fits)."""
-        if self.training or features.variable_stride_per_key():  # type: ignore[attr-defined]
+        if self.training:  # type: ignore[attr-defined]
             return None
         on_host = with_values(features, features.values().to("cpu"))
         return None if self._fits(on_host) else on_host
@@ -331,14 +331,24 @@ class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
         super().__init__(_cache_config(config), pg, device, sharding_type, env)
         self._init_key_value(config)
 
-    def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    def forward(
+        self,
+        features: KeyedJaggedTensor,
+        vbe_output: Optional[torch.Tensor] = None,
+        vbe_output_offsets: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
         on_host = self._eval_on_host(features)
         if on_host is not None:  # evaluation larger than the free cache: nothing is swapped
-            return self._pooled_from_tiers(on_host, features.weights_or_none()).to(features.values().device)
-        return BatchedFusedEmbeddingBag.forward(self, self.lookup_rows(features), *args, **kwargs)
+            pooled = self._pooled_from_tiers(on_host, features.weights_or_none())
+            if not features.variable_stride_per_key():
+                return torch.cat(pooled, dim=1).to(features.values().device)
+            device = features.values().device
+            return vbe_layout(pooled, features.stride_per_key_per_rank(), vbe_output, vbe_output_offsets).to(device)
+        return BatchedFusedEmbeddingBag.forward(self, self.lookup_rows(features), vbe_output, vbe_output_offsets)
 
-    def _pooled_from_tiers(self, features: KeyedJaggedTensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
-        """The TBE's pooled output ``[B, sum of feature dims]`` computed from :meth:`rows_from_tiers` (evaluation)."""
+    def _pooled_from_tiers(self, features: KeyedJaggedTensor, weights: Optional[torch.Tensor]) -> List[torch.Tensor]:
+        """Per feature, its pooled rows ``[its samples, its dim]`` computed from :meth:`rows_from_tiers` (evaluation;
+        a variable batch's samples of each feature in rank order)."""
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 
         rows = self.rows_from_tiers(features)
@@ -346,17 +356,18 @@ class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
         if weights is not None:
             rows = [r * w.unsqueeze(1).float() for r, w in zip(rows, torch.split(weights, features.length_per_key()))]
         lengths = features.lengths().to("cpu").long()
-        batch = features.stride()
+        samples = features.stride_per_key()
+        first = [sum(samples[:i]) for i in range(len(samples))]  # each feature's first sample
         bags = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
         mean = self._emb_module.pooling_mode == PoolingMode.MEAN  # type: ignore[attr-defined]
         pooled = []
         for i, part in enumerate(rows):
-            feature_bags = bags[features.offset_per_key()[i]:features.offset_per_key()[i + 1]] - i * batch
-            sums = torch.zeros(batch, part.shape[1]).index_add_(0, feature_bags, part)
+            feature_bags = bags[features.offset_per_key()[i]:features.offset_per_key()[i + 1]] - first[i]
+            sums = torch.zeros(samples[i], part.shape[1]).index_add_(0, feature_bags, part)
             if mean:
-                sums = sums / lengths[i * batch:(i + 1) * batch].clamp(min=1).unsqueeze(1)
+                sums = sums / lengths[first[i]:first[i] + samples[i]].clamp(min=1).unsqueeze(1)
             pooled.append(sums)
-        return torch.cat(pooled, dim=1) if pooled else torch.zeros(batch, 0)
+        return pooled
 
 
 class KeyValueEmbedding(KeyValueRows, BatchedFusedEmbedding):
@@ -373,6 +384,33 @@ class KeyValueEmbedding(KeyValueRows, BatchedFusedEmbedding):
             out = torch.cat(rows) if rows else torch.zeros(0, self._local_cols[0])  # type: ignore[attr-defined]
             return out.to(features.values().device)
         return BatchedFusedEmbedding.forward(self, self.lookup_rows(features))
+
+
+def vbe_layout(
+    pooled: List[torch.Tensor],
+    samples_per_rank: List[List[int]],
+    out: Optional[torch.Tensor],
+    offsets: Optional[torch.Tensor],
+) -> torch.Tensor:
+    """Per-feature pooled rows in the TBE's variable-batch output layout: 1-D, rank-major, each (rank, feature)
+    block its ``[samples, dim]`` rows flattened; written at ``offsets[rank][feature]`` of ``out`` when TorchRec
+    preallocated one output for several kernels (then ``out`` is returned).
+
+    Example::
+
+        vbe_layout([torch.ones(3, 2)], [[1, 2]], None, None)   # 6 values: rank 0's sample, then rank 1's two
+    """
+    blocks = [list(torch.split(p, ranks)) for p, ranks in zip(pooled, samples_per_rank)]
+    world = len(samples_per_rank[0]) if samples_per_rank else 0
+    flat = [blocks[f][r].flatten() for r in range(world) for f in range(len(blocks))]
+    if out is None:
+        return torch.cat(flat) if flat else torch.zeros(0)
+    assert offsets is not None, "TorchRec passes vbe_output_offsets with vbe_output"
+    with torch.no_grad():
+        starts = offsets.to("cpu").flatten().tolist()  # [rank][feature], rank-major as ``flat``
+        for start, block in zip(starts, flat):
+            out[start:start + block.numel()] = block.to(out.device, out.dtype)
+    return out
 
 
 def cache_metrics(model: torch.nn.Module) -> Dict[str, Dict[str, int]]:
