@@ -465,7 +465,9 @@ def activation() -> Dict[str, Any]:
 
     facts: Dict[str, Any] = {"before": sorted(backends.profiles())}
     emulated_npu.install()
-    profile = backends.activate()
+    import torchrec  # noqa: F401  (the registry is built: the backend activates, its H6 entry registers the ops)
+
+    profile = backends.active()
     facts.update(name=profile.name, device_type=profile.device_type, collective=profile.collective_backend,
                  description=profile.description, by_type=backends.profile_for("npu").name,
                  host_fallbacks=sparse_ops.REGISTERED, after=sorted(backends.profiles()))

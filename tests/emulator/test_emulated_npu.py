@@ -203,5 +203,5 @@ def test_installed_emulator_is_the_npu_emulated_backend(children: Dict[str, "Fut
     assert "npu_emulated" not in facts["before"] and "npu_emulated" in facts["after"]
     assert [facts["name"], facts["device_type"], facts["collective"]] == ["npu_emulated", "npu", "hccl"]
     assert facts["description"].startswith("EMULATED npu") and facts["by_type"] == "npu"
-    # activation gave the withheld op (and the op without any kernel) the H6 host round trip
+    # the registry's H6 entry gave the withheld op (and the op without any kernel) the host round trip
     assert facts["host_fallbacks"] == ["fbgemm::block_bucketize_sparse_features", "fbgemm::jagged_unique_indices"]

@@ -39,10 +39,7 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
 )
 
 #: Upward imports that remain, each with the issue item that removes it. Keep this list short and explained.
-ALLOWED_UPWARD: Dict[Tuple[str, str], str] = {
-    ("torchrec_ascend.backends", "torchrec_ascend.hooks.sparse_ops"):
-        "activate() installs the H6 op registration; issue 16 item 3 makes it a registry entry",
-}
+ALLOWED_UPWARD: Dict[Tuple[str, str], str] = {}
 
 LAYER_OF = {key: index for index, (_, keys) in enumerate(LAYERS) for key in keys}
 

@@ -41,3 +41,36 @@ def test_a_device_tbe_without_device_kernels_is_refused_naming_the_op_and_the_ch
     assert "install a device-kernel library" in message and "plan these tables on the host" in message
     sparse_ops.require_device_tbe(backends.profile_for("cpu"), "row_wise")  # no device TBE ops: nothing to refuse
     assert sparse_ops.op_coverage(profile) == [("fbgemm::asynchronous_complete_cumsum", "no kernel")]
+
+
+def test_the_h6_registration_is_a_registry_entry_that_applies_and_reverts() -> None:
+    """Oracle: the dispatcher's own kernel table for PrivateUse1, before, while applied and after the revert."""
+    from torchrec_ascend.injection.registry import PatchRegistry, PatchState
+
+    op = "fbgemm::asynchronous_complete_cumsum"
+    profile = dataclasses.replace(
+        backends.profile_for("cpu"), name="dev", device_type="dev", host_fallback_ops=("asynchronous_complete_cumsum",)
+    )
+
+    def has_kernel() -> bool:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op, sparse_ops.DISPATCH_KEY)
+
+    assert not has_kernel()
+    with PatchRegistry([sparse_ops.host_fallback_patch(lambda: profile)]) as registry:
+        assert registry.status("h6.host_fallback_ops").state is PatchState.APPLIED
+        assert has_kernel() and op in sparse_ops.REGISTERED
+        assert sparse_ops.op_coverage(profile) == [(op, "host fallback")]
+    assert registry.status("h6.host_fallback_ops").state is PatchState.REVERTED
+    assert not has_kernel() and op not in sparse_ops.REGISTERED
+    assert sparse_ops.op_coverage(profile) == [(op, "no kernel")]
+
+
+def test_the_process_registry_holds_the_h6_entry_first() -> None:
+    import torchrec  # noqa: F401  (builds the process's registry)
+
+    from torchrec_ascend.injection import autoload
+
+    registry = autoload.registry()
+    assert registry is not None, "these tests run under the entry point"
+    assert registry.patches[0].name == "h6.host_fallback_ops"
+    assert registry.status("h6.host_fallback_ops").state.value == "applied"

@@ -192,9 +192,6 @@ def activate() -> DeviceProfile:
         warnings.warn(message + f" Falling back to CPU as {FALLBACK_ENV}=1 asks.", RuntimeWarning, stacklevel=2)
         _STATUS.detail = f"fell back to cpu: {message}"
         profile = _resolve("cpu", known)
-    from torchrec_ascend.hooks import sparse_ops
-
-    sparse_ops.register_host_fallbacks(profile)
     _active = profile
     _STATUS.selected = profile.name
     return profile
@@ -218,7 +215,8 @@ def selection_status() -> SelectionStatus:
 def reset_for_tests() -> None:
     """Forget the active backend and the cached profiles so a test can select again.
 
-    Host round trips already registered for a device stay registered (torch.library keeps them per process).
+    Host round trips for missing device ops are not the selection's: the patch registry's H6 entry registers them
+    (for the backend active when it applies) and reverts them.
     """
     global _active, _cache
     _active = None

@@ -21,6 +21,7 @@ import platform
 import textwrap
 from typing import Any, Dict, List, Optional
 
+from torchrec_ascend import hooks
 from torchrec_ascend import versions as version_table
 from torchrec_ascend.adapters.requirements import installed_distribution, installed_version, version_problem
 from torchrec_ascend.injection import autoload, drift
@@ -197,11 +198,16 @@ def _patch_lines(problems: List[str]) -> List[str]:
     torchrec_version = installed_version("torchrec")
     row = version_table.stack_for(torchrec_version) if torchrec_version else None
     compare_with = row.reviewed if row else ""  # within the table: that row's release; newer: any reviewed
+    registrations = {p.name for p in hooks.registrations()}
     for status in statuses:
         patch = status.patch
-        lines += _wrap(f"{status.state.value:<8} {patch.name}  [requires {', '.join(patch.requires)}]", "  ")
+        requires = ", ".join(patch.requires) or "any version"
+        lines += _wrap(f"{status.state.value:<8} {patch.name}  [requires {requires}]", "  ")
         lines += _target_lines(patch.target)
-        line = _drift_line(patch, registry.reviewed.get(patch.name, {}), status.admitted, compare_with)
+        if patch.name in registrations:  # H6: registrations on the op dispatcher
+            line = "not TorchRec source: nothing to review for drift"
+        else:
+            line = _drift_line(patch, registry.reviewed.get(patch.name, {}), status.admitted, compare_with)
         lines += _wrap(line, _INDENT)
         if "DRIFTED" in line:
             drifted.append(patch.name)

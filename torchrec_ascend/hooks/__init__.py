@@ -8,7 +8,8 @@ One module per hook point (see README, "How TorchRec is hooked"):
 * H4 :mod:`.pipeline_streams`: streams for train pipelines and ``record_stream`` after collectives.
 * H5 :mod:`.process_group`: ``DistributedModelParallel.copy()`` on builds without NCCL, and other PG plumbing;
   :mod:`.uneven_collectives`: uneven reduce-scatter backward on backends that gather equal sizes only (gloo).
-* H6 :mod:`.sparse_ops`: fbgemm ops for devices that lack a kernel (host round trip); not a TorchRec patch.
+* H6 :mod:`.sparse_ops`: fbgemm ops for devices that lack a kernel (host round trip): a registry entry
+  (:func:`registrations`) that changes the op dispatcher, not TorchRec source.
 * :mod:`.hash_tables`: hash tables inside stock EmbeddingBagCollection/EmbeddingCollection and default sharders.
 """
 
@@ -17,6 +18,13 @@ from __future__ import annotations
 from typing import List
 
 from torchrec_ascend.injection.patch import Patch
+
+
+def registrations() -> List[Patch]:
+    """Registry entries that are not TorchRec patches (no TorchRec target, nothing to review): applied first."""
+    from torchrec_ascend.hooks import sparse_ops
+
+    return list(sparse_ops.REGISTRATIONS)
 
 
 def default_patches() -> List[Patch]:

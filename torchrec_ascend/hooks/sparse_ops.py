@@ -9,6 +9,10 @@ each such op warns once, every call is counted (:func:`fallback_calls`), ``docto
 host fallback. A device TBE cannot be emulated that way: :func:`require_device_tbe` refuses planning tables on a
 device whose ``device_tbe_ops`` lack a kernel.
 
+The registration is an entry of the patch registry (:data:`REGISTRATIONS`, ``h6.host_fallback_ops``): applied for
+the active backend on the registry's first pass (while ``import torchrec`` runs), reverted by dropping the
+``torch.library`` registrations it made, and listed by ``doctor`` with its state like every patch.
+
 Example::
 
     register_host_fallbacks(backends.profile_for("npu"))   # ['fbgemm::block_bucketize_sparse_features', ...]
@@ -22,10 +26,11 @@ import dataclasses
 import importlib
 import threading
 import warnings
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from torchrec_ascend.backends.profile import DeviceProfile
 from torchrec_ascend.errors import BackendError, ConfigError
+from torchrec_ascend.injection.patch import Patch, Undo
 
 # The dispatch key out-of-tree devices (torch_npu) register their kernels under.
 DISPATCH_KEY = "PrivateUse1"
@@ -229,3 +234,49 @@ def require_device_tbe(profile: DeviceProfile, sharding_type: str) -> None:
         f"exists), or plan these tables on the host (a Topology with compute_device='cpu', or "
         f"TORCHREC_ASCEND_DEVICE=cpu)."
     )
+
+
+def host_fallback_patch(profile_of: Optional[Callable[[], DeviceProfile]] = None) -> Patch:
+    """The registry entry registering host round trips for a backend's ``host_fallback_ops``.
+
+    Args:
+        profile_of: returns the backend whose ops are registered (default: the active one, activating it).
+
+    Its target is the ``torch.ops.fbgemm`` namespace (always imported by then), so the registry applies it on its
+    first pass; the undo drops the ``torch.library`` registrations this application made (and their names from
+    :data:`REGISTERED`). No TorchRec source is involved: no version range, nothing to review for drift.
+
+    Example::
+
+        with PatchRegistry([host_fallback_patch()]):   # the active backend's missing ops go through the host
+            ...
+    """
+
+    def apply_fn(patch: Patch) -> Undo:
+        from torchrec_ascend import backends
+
+        profile = profile_of() if profile_of is not None else backends.active()
+        first_library = len(_libraries)
+        done = register_host_fallbacks(profile)
+        made = _libraries[first_library:]
+
+        def undo() -> None:
+            for library in made:
+                _libraries.remove(library)  # the last reference: torch.library drops its registrations
+            for name in done:
+                REGISTERED.remove(name)
+            made.clear()
+
+        return undo
+
+    return Patch(
+        name="h6.host_fallback_ops",
+        target="torch.ops:fbgemm",
+        requires={},
+        reason="fbgemm ops the device has no kernel for run on the host (inputs copied to the CPU and back)",
+        apply_fn=apply_fn,
+    )
+
+
+#: Registry entries that change the op dispatcher rather than TorchRec source (applied before the patches).
+REGISTRATIONS: List[Patch] = [host_fallback_patch()]

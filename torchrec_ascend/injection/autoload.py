@@ -123,7 +123,7 @@ def _on_first_import() -> None:
         from torchrec_ascend import backends, hooks
         from torchrec_ascend.injection import drift
 
-        _registry = PatchRegistry(hooks.default_patches(), reviewed=drift.reviewed_digests())
+        _registry = PatchRegistry([*hooks.registrations(), *hooks.default_patches()], reviewed=drift.reviewed_digests())
         STATUS.state = "active"
     except Exception as err:
         _record_error("building the patch registry", err)
