@@ -58,6 +58,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import Saver, get_default_hybrid_sharders
+from torchrec_ascend.errors import StorageError
 from torchrec_ascend.kernels.key_value import cache_metrics
 from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
 from torchrec_ascend.kernels.walk import sharded_kernels
@@ -278,6 +279,31 @@ def tree_bytes(path: str) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
+def read_rows(dmp: Any, ids: torch.Tensor) -> torch.Tensor:
+    """The rows of ``ids`` as an eval-mode forward sees them (from whichever tier holds them)."""
+    features = KeyedJaggedTensor.from_lengths_sync(keys=["item"], values=ids,
+                                                   lengths=torch.ones(ids.numel(), dtype=torch.int32))
+    dmp.eval()
+    try:
+        with torch.no_grad():
+            return dmp.module.ebc(features)["item"].clone()
+    finally:
+        dmp.train()
+
+
+def damage_segments(directory: str, places: int = 16) -> int:
+    """Overwrite 64 bytes at ``places`` random offsets in the first half of every segment file under
+    ``directory`` (as a failing disk would); returns the files damaged."""
+    files = [f for f in Path(directory).rglob("*") if f.is_file() and f.stat().st_size > 1 << 20]
+    generator = torch.Generator().manual_seed(3)
+    for f in files:
+        with open(f, "r+b") as out:
+            for offset in torch.randint(0, f.stat().st_size // 2, (places,), generator=generator).tolist():
+                out.seek(offset)
+                out.write(os.urandom(64))
+    return len(files)
+
+
 def checkpoints(args: argparse.Namespace, work: str) -> Dict[str, Any]:
     """Full save, 10% of the rows changed by training, incremental save, and a restore of both, of a sub-table
     mostly on disk."""
@@ -301,6 +327,16 @@ def checkpoints(args: argparse.Namespace, work: str) -> Dict[str, Any]:
     saver.save(dmp, path, incremental=True)
     incremental_s = time.perf_counter() - start
     incremental_bytes = tree_bytes(path) - full_bytes
+    # A failing disk after that save: the next save must fail naming the damaged file, and the last complete
+    # save must still restore every row bit for bit.
+    probe = torch.randperm(rows, generator=torch.Generator().manual_seed(2))[:65536]
+    expected = read_rows(dmp, probe)
+    damaged_files = damage_segments(os.path.join(work, "ckpt-table"))
+    try:
+        saver.save(dmp, path)
+        damage_error = None
+    except StorageError as error:
+        damage_error = str(error)
     kernel.close()
     del dmp, dense, kernel
     restored, _ = build(rows, args.dim, args.cache_rows, args.host_gib / 4, os.path.join(work, "restored-table"))
@@ -308,6 +344,7 @@ def checkpoints(args: argparse.Namespace, work: str) -> Dict[str, Any]:
     saver.load(restored, path)
     restore_s = time.perf_counter() - start
     tiers = cache_metrics(restored)["item"]
+    restored_equal = torch.equal(read_rows(restored, probe), expected)
     kernel_of(restored).close()
     out = {"rows": rows, "table_GB": rows * (args.dim + 1) * 4 / 1e9, "full_bytes": full_bytes,
            "full_s": full_s, "full_GBps": full_bytes / full_s / 1e9, "changed_rows": changed.numel(),
@@ -315,7 +352,9 @@ def checkpoints(args: argparse.Namespace, work: str) -> Dict[str, Any]:
            "incremental_GBps": incremental_bytes / incremental_s / 1e9,
            "incremental_share_of_full": incremental_bytes / full_bytes,
            "restore_s": restore_s, "restore_GBps": (full_bytes + incremental_bytes) / restore_s / 1e9,
-           "restored_tier_rows": {k: tiers[k] for k in ("cache_rows", "host_rows", "disk_rows")}}
+           "restored_tier_rows": {k: tiers[k] for k in ("cache_rows", "host_rows", "disk_rows")},
+           "damaged_files": damaged_files, "damage_error": damage_error, "probe_rows": probe.numel(),
+           "restored_equal": restored_equal}
     print(json.dumps(out), flush=True)
     return out
 
@@ -375,8 +414,20 @@ def section(args: argparse.Namespace, r: Dict[str, Any]) -> str:
         f"{ck['incremental_s']:.1f} s = {ck['incremental_GBps']:.2f} GB/s; restoring both into a fresh model "
         f"took {ck['restore_s']:.0f} s = {ck['restore_GBps']:.2f} GB/s read.",
         "",
+        damage_sentence(ck),
+        "",
     ]
     return "\n".join(lines)
+
+
+def damage_sentence(ck: Dict[str, Any]) -> str:
+    if not ck["damaged_files"]:
+        return "Damaged disk: NOT exercised (the sub-table had no segment files: raise --ckpt-rows)."
+    failed = f"failed: `StorageError: {ck['damage_error'][:300]}`" if ck["damage_error"] else "did NOT fail"
+    return (f"Damaged disk: after that save, 64-byte pieces of all {ck['damaged_files']} segment files of the live "
+            f"table were overwritten. The next save {failed}; the last complete save restored {ck['probe_rows']:,} "
+            f"probed rows {'bit for bit' if ck['restored_equal'] else 'WRONGLY'} (eval-mode lookups before the "
+            f"damage vs after the restore).")
 
 
 def write_report(text: str, path: Path) -> None:
