@@ -19,7 +19,7 @@ import argparse
 import dataclasses
 import platform
 import textwrap
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Mapping, Optional
 
 from torchrec_ascend import hooks
 from torchrec_ascend import versions as version_table
@@ -162,7 +162,7 @@ def _stack_lines(torchrec_version: Optional[str]) -> List[str]:
     ]
 
 
-def _drift_line(patch: Patch, reviewed: Dict[str, str], admitted: str, version: str) -> str:
+def _drift_line(patch: Patch, reviewed: Mapping[str, str], admitted: str, version: str) -> str:
     found = drift.check(patch, reviewed, version)
     if found.state == "reviewed":
         outside = "; outside its range, applied on this reviewed source" if admitted else ""
