@@ -217,8 +217,8 @@ def _saved_chain(scratch: Path) -> Path:
     directory.mkdir(parents=True)
     ids = torch.arange(3)
     with ArrayFileWriter(str(directory / "rank-00000-of-00001.data")) as writer:
-        shard = write_shard(writer, layout, [ShardRows(ids, ids, ids, torch.ones(3, 4))], torch.empty(0, dtype=torch.int64),
-                            {"step": 1})
+        shard = write_shard(writer, layout, [ShardRows(ids, ids, ids, torch.ones(3, 4))],
+                            torch.empty(0, dtype=torch.int64), {"step": 1})
         size = writer.commit()
     write_json(str(directory / METADATA), {
         "format": FORMAT, "format_version": FORMAT_VERSION, "id": "x", "version": 1, "kind": "full", "chain": [1],
@@ -342,7 +342,8 @@ CATALOGUE: List[BadInput] = [
              "eviction_cadence does not take ['intervall']; it takes interval, min_residency, headroom",
              lambda _: _config(overflow="evict", eviction_cadence={"intervall": 10})),
     BadInput("configs", "admission_options_alone", '`admission_options={"threshold": 2}` without `admission_policy`',
-             ConfigError, "are given without an admission_policy", lambda _: _config(admission_options={"threshold": 2})),
+             ConfigError, "are given without an admission_policy",
+             lambda _: _config(admission_options={"threshold": 2})),
     BadInput("configs", "init_range", "`weight_init_min=1.0, weight_init_max=0.0`", ConfigError,
              "weight_init_min (1.0) must be below weight_init_max (0.0)",
              lambda _: _config(weight_init_min=1.0, weight_init_max=0.0)),
