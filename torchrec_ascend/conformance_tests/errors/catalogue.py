@@ -230,10 +230,10 @@ def _checkpoint(change: Callable[[Path, Dict[str, Any]], None]) -> Callable[[Pat
     """Write a checkpoint, damage it with ``change(save folder, metadata)``, and read it as a load does."""
 
     def trigger(scratch: Path) -> None:
+        from torchrec_ascend.checkpoint.layout import ShardLayout
         from torchrec_ascend.checkpoint.restore import _entries_of
         from torchrec_ascend.checkpoint.shard_files import read_chain_records
         from torchrec_ascend.checkpoint.versions import METADATA, resolve_chain, save_directory
-        from torchrec_ascend.checkpoint.layout import ShardLayout
 
         root = _saved_chain(scratch)
         directory = Path(save_directory(str(root), 1))
