@@ -183,13 +183,7 @@ class HostStore:
         self._version += 1
 
     def get(self, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Read rows from whichever tier holds them; with ``promote``, disk rows move to host memory.
-
-        Args:
-            keys: int64 ``[n]``; repeats allowed.
-
-        Returns:
-            Tuple[torch.Tensor, torch.Tensor]: rows ``[n, width]`` (zeros where absent) and bool ``found [n]``.
+        """:meth:`RowStore.get` from whichever tier holds them; with ``promote``, disk rows move to host memory.
 
         Raises:
             ConfigError: malformed keys.
