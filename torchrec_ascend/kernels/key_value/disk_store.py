@@ -287,13 +287,7 @@ class DiskStore:
         return torch.from_numpy(self._locate(check_keys(keys, self.where))[0] >= 0)
 
     def get(self, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Read rows.
-
-        Args:
-            keys: int64 ``[n]``; repeats allowed.
-
-        Returns:
-            Tuple[torch.Tensor, torch.Tensor]: rows ``[n, width]`` (zeros where absent) and bool ``found [n]``.
+        """:meth:`RowStore.get`: copies of the rows (zeros where absent) and bool ``found``; repeats allowed.
 
         Raises:
             ConfigError: malformed keys.
