@@ -153,11 +153,7 @@ class HostStore:
         }
 
     def put(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
-        """Insert or overwrite rows; for a repeated key the last row wins. May spill LRU rows to disk.
-
-        Args:
-            keys: int64 ``[n]`` raw IDs.
-            rows: ``[n, width]`` of the store's dtype.
+        """:meth:`RowStore.put`: insert or overwrite rows, the last of a repeated key wins. May spill LRU rows to disk.
 
         Raises:
             ConfigError: malformed keys or rows.
