@@ -175,11 +175,7 @@ class DiskStore:
             raise StorageError(f"{self.where}: the store is closed; create a new DiskStore")
 
     def put(self, keys: torch.Tensor, rows: torch.Tensor) -> None:
-        """Insert or overwrite rows; for a repeated key the last row wins.
-
-        Args:
-            keys: int64 ``[n]`` raw IDs.
-            rows: ``[n, width]`` of the store's dtype.
+        """:meth:`RowStore.put`: insert or overwrite rows, the last of a repeated key wins.
 
         Raises:
             ConfigError: malformed keys or rows.
