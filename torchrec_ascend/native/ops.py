@@ -265,44 +265,48 @@ def hash_uniform_init(ids: torch.Tensor, seed: int, dim: int, low: float, high: 
 
 
 @torch.library.register_fake("torchrec_ascend::id_map_insert_or_lookup")
-def _id_map_insert_or_lookup_fake(buckets, free_slots, counters, ids):
+def _id_map_insert_or_lookup_fake(
+    buckets: torch.Tensor, free_slots: torch.Tensor, counters: torch.Tensor, ids: torch.Tensor
+) -> Tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(ids), torch.empty_like(ids, dtype=torch.bool)
 
 
 @torch.library.register_fake("torchrec_ascend::id_map_lookup")
-def _id_map_lookup_fake(buckets, ids):
+def _id_map_lookup_fake(buckets: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(ids)
 
 
 @torch.library.register_fake("torchrec_ascend::id_map_remove")
-def _id_map_remove_fake(buckets, free_slots, counters, ids):
+def _id_map_remove_fake(buckets: torch.Tensor, free_slots: torch.Tensor, counters: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(ids)
 
 
 @torch.library.register_fake("torchrec_ascend::id_map_export")
-def _id_map_export_fake(buckets, counters):
+def _id_map_export_fake(buckets: torch.Tensor, counters: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     size = torch.library.get_ctx().new_dynamic_size()
     return buckets.new_empty(size), buckets.new_empty(size)
 
 
 @torch.library.register_fake("torchrec_ascend::id_map_rebuild")
-def _id_map_rebuild_fake(buckets, free_slots, counters, ids, slots):
+def _id_map_rebuild_fake(buckets: torch.Tensor, free_slots: torch.Tensor, counters: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor) -> None:
     return None
 
 
 @torch.library.register_fake("torchrec_ascend::hash_unique")
-def _hash_unique_fake(ids):
+def _hash_unique_fake(ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     size = torch.library.get_ctx().new_dynamic_size()
     return ids.new_empty(size), torch.empty_like(ids), ids.new_empty(size)
 
 
 @torch.library.register_fake("torchrec_ascend::hash_rank")
-def _hash_rank_fake(ids, world_size):
+def _hash_rank_fake(ids: torch.Tensor, world_size: int) -> torch.Tensor:
     return torch.empty_like(ids)
 
 
 @torch.library.register_fake("torchrec_ascend::hash_bucketize")
-def _hash_bucketize_fake(lengths, values, weights, world_size):
+def _hash_bucketize_fake(
+    lengths: torch.Tensor, values: torch.Tensor, weights: Optional[torch.Tensor], world_size: int
+) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
     new_weights = None if weights is None else torch.empty_like(weights)
     return (
         lengths.new_empty(world_size * lengths.numel()),
@@ -313,5 +317,5 @@ def _hash_bucketize_fake(lengths, values, weights, world_size):
 
 
 @torch.library.register_fake("torchrec_ascend::hash_uniform_init")
-def _hash_uniform_init_fake(ids, seed, dim, low, high):
+def _hash_uniform_init_fake(ids: torch.Tensor, seed: int, dim: int, low: float, high: float) -> torch.Tensor:
     return ids.new_empty((ids.numel(), dim), dtype=torch.float32)
