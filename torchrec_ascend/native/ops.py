@@ -288,7 +288,9 @@ def _id_map_export_fake(buckets: torch.Tensor, counters: torch.Tensor) -> Tuple[
 
 
 @torch.library.register_fake("torchrec_ascend::id_map_rebuild")
-def _id_map_rebuild_fake(buckets: torch.Tensor, free_slots: torch.Tensor, counters: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor) -> None:
+def _id_map_rebuild_fake(
+    buckets: torch.Tensor, free_slots: torch.Tensor, counters: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor
+) -> None:
     return None
 
 
