@@ -277,7 +277,9 @@ def _id_map_lookup_fake(buckets: torch.Tensor, ids: torch.Tensor) -> torch.Tenso
 
 
 @torch.library.register_fake("torchrec_ascend::id_map_remove")
-def _id_map_remove_fake(buckets: torch.Tensor, free_slots: torch.Tensor, counters: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def _id_map_remove_fake(
+    buckets: torch.Tensor, free_slots: torch.Tensor, counters: torch.Tensor, ids: torch.Tensor
+) -> torch.Tensor:
     return torch.empty_like(ids)
 
 
