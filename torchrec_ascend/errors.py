@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 
 class TorchRecAscendError(Exception):
@@ -33,28 +33,33 @@ class InputError(TorchRecAscendError, ValueError):
     """A batch breaks a rule of its table (a negative ID); the message names the table, the feature and the rule."""
 
 
-def check_non_negative_ids(ids: Any, features: Sequence[str], ends: Sequence[int], tables: Sequence[str]) -> None:
+def check_non_negative_ids(
+    ids: Any, features: Sequence[str], ends: Callable[[], Sequence[int]], table_of: Callable[[str], str]
+) -> None:
     """Refuse a batch with a negative ID, naming the table and feature of the first one.
 
+    Costs one ``min`` over ``ids`` (pass a host tensor: on a device that is a sync); ``ends`` and ``table_of`` are
+    called only when an ID is negative (reading a KeyedJaggedTensor's offsets may cost a device sync).
+
     Args:
-        ids: a 1-D integer tensor of the batch's IDs, feature-major (read on the host: one ``min``).
+        ids: a 1-D integer tensor of the batch's IDs, feature-major.
         features: the feature of each segment of ``ids``.
-        ends: where each feature's segment ends in ``ids`` (cumulative, one per feature).
-        tables: the hash table of each feature.
+        ends: returns where each feature's segment ends in ``ids`` (cumulative, one per feature).
+        table_of: the hash table of a feature.
 
     Raises:
         InputError: an ID is negative.
 
     Example::
 
-        check_non_negative_ids(torch.tensor([3, -1]), ["user"], [2], ["users"])
+        check_non_negative_ids(torch.tensor([3, -1]), ["user"], lambda: [2], lambda feature: "users")
         # InputError: hash table 'users', feature 'user': IDs must be non-negative int64, got -1. ...
     """
     if not ids.numel() or int(ids.min()) >= 0:
         return
     first = int((ids < 0).nonzero()[0])
-    index = min(sum(end <= first for end in ends), len(features) - 1)
+    feature = features[min(sum(end <= first for end in ends()), len(features) - 1)]
     raise InputError(
-        f"hash table {tables[index]!r}, feature {features[index]!r}: IDs must be non-negative int64, got "
+        f"hash table {table_of(feature)!r}, feature {feature!r}: IDs must be non-negative int64, got "
         f"{int(ids[first])}. Map negative IDs to non-negative ones (e.g. x & (2**63 - 1)) before the lookup."
     )

@@ -46,9 +46,8 @@ class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
     def forward(self, sparse_features: KeyedJaggedTensor) -> Any:
         device = sparse_features.values().device
         values = sparse_features.values().to("cpu")
-        features = sparse_features.keys()
-        check_non_negative_ids(values, features, sparse_features.offset_per_key()[1:],
-                               [self._table_of.get(feature, "?") for feature in features])
+        check_non_negative_ids(values, sparse_features.keys(), lambda: sparse_features.offset_per_key()[1:],
+                               lambda feature: self._table_of.get(feature, "?"))
         world = adapter.world_size(self)
         weights = sparse_features.weights_or_none()
         # int32 IDs and lengths are taken as TorchRec takes them; an ID is placed by its int64 value.
