@@ -11,6 +11,7 @@ module                    adapts
 ========================  =====================================================================================
 :mod:`.train_pipeline`    ``TrainPipelineSparseDist`` internals, the pipelined input dists (``KJTAllToAllForward``)
 :mod:`.sharding`          row-wise input dists (``RwSparseFeaturesDist``) and embedding shardings' fields
+:mod:`.tbe`               the batched embedding kernels' fbgemm TBE and table layout (``BaseBatchedEmbeddingBag``)
 ========================  =====================================================================================
 
 Example::
@@ -33,7 +34,7 @@ from torchrec_ascend.dotted import resolve_object, split_path
 from torchrec_ascend.errors import ConfigError
 
 #: The adapter modules, one per TorchRec subsystem (each defines ``ADAPTER``).
-MODULES: Tuple[str, ...] = ("train_pipeline", "sharding")
+MODULES: Tuple[str, ...] = ("train_pipeline", "sharding", "tbe")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,10 +19,10 @@ from typing import Any, List, Optional
 import torch
 import torch.distributed as dist
 from torchrec.distributed.batched_embedding_kernel import BatchedDenseEmbedding, BatchedDenseEmbeddingBag
-from torchrec.distributed.composable.table_batched_embedding_slice import TableBatchedEmbeddingSlice
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import HashTableSpec, hash_spec_of
 from torchrec_ascend.kernels.fused import HashRows, with_reserved_rows, with_values, without_hash_params
@@ -45,22 +45,15 @@ class SequenceDenseEmbedding(BatchedDenseEmbedding):
 
     def __init__(self, config: Any, pg: Optional[Any] = None, device: Optional[torch.device] = None, env: Any = None):
         super().__init__(config=config, pg=pg, device=device)
-
-    def _table_weights(self) -> List[torch.Tensor]:
-        module = self._emb_module
-        offsets = module.weights_physical_offsets
-        return [
-            module.weights[offsets[t] : offsets[t + 1]].view(-1, cols)  # the whole pool (a hash table's reserved row)
-            for t, cols in enumerate(self._local_cols)
-        ]
+        self._tbe = TBE(self, optimizer_states=False)
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        tables = self._table_weights()
+        tables = self._tbe.dense_table_weights()  # the whole pool (a hash table's reserved row)
         values = features.values().long()
         lengths = features.length_per_key()
         per_feature = torch.split(values, lengths)
         return torch.cat(
-            [torch.nn.functional.embedding(ids, tables[t]) for ids, t in zip(per_feature, self._feature_table_map)]
+            [torch.nn.functional.embedding(ids, tables[t]) for ids, t in zip(per_feature, self._tbe.feature_table_map)]
         )
 
 
@@ -78,26 +71,9 @@ def _specs(config: GroupedEmbeddingConfig) -> List[HashTableSpec]:
 class HashDenseRows(HashRows):
     """Mixin: hash rows for replicated tables; every replica inserts all ranks' IDs in the same order."""
 
-    def _pool_states(self, t: int) -> List[torch.Tensor]:
-        return []  # the dense optimizer (outside the kernel) holds the state
-
-    def _hide_reserved_rows(self, config: GroupedEmbeddingConfig) -> None:
-        """As :meth:`HashRows._hide_reserved_rows`; the per-table parameters (the replicated weights TorchRec
-        registers on the collection) are rebuilt over the shard's own rows too."""
-        super()._hide_reserved_rows(config)
-        module = self._emb_module
-        offsets = module.weights_physical_offsets
-        self._param_per_table = {
-            table.name: TableBatchedEmbeddingSlice(
-                data=module.weights, start_offset=offsets[t], end_offset=offsets[t] + rows * cols, num_embeddings=-1,
-                embedding_dim=cols,
-            )
-            for t, (table, (rows, cols)) in enumerate(zip(config.embedding_tables, module.embedding_specs))
-        }
-
     def map_replicated(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """Rows for this rank's IDs, after inserting every rank's IDs of the batch (training)."""
-        group = self._pg
+        group = self._tbe.process_group
         if not self.training or group is None or dist.get_world_size(group) == 1:
             return self.map_ids(features)
         world, rank = dist.get_world_size(group), dist.get_rank(group)
@@ -132,8 +108,9 @@ class HashDenseEmbeddingBag(HashDenseRows, BatchedDenseEmbeddingBag):
                  sharding_type: Any = None, env: Any = None) -> None:
         specs = _specs(config)
         super().__init__(without_hash_params(with_reserved_rows(config)), pg, device, sharding_type)
-        self._hide_reserved_rows(config)
-        self._init_hash_rows(config, [r + 1 for r in self._local_rows], [s.overflow for s in specs])
+        self._tbe = TBE(self, optimizer_states=False)
+        self._tbe.hide_last_rows(without_hash_params(config))
+        self._init_hash_rows(config, [r + 1 for r in self._tbe.local_rows], [s.overflow for s in specs])
 
     def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return super().forward(self.map_replicated(features), *args, **kwargs)
@@ -144,9 +121,9 @@ class HashDenseEmbedding(HashDenseRows, SequenceDenseEmbedding):
 
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None, env: Any = None) -> None:
         specs = _specs(config)
-        super().__init__(without_hash_params(with_reserved_rows(config)), pg, device)
-        self._hide_reserved_rows(config)
-        self._init_hash_rows(config, [r + 1 for r in self._local_rows], [s.overflow for s in specs])
+        super().__init__(without_hash_params(with_reserved_rows(config)), pg, device)  # wraps the TBE
+        self._tbe.hide_last_rows(without_hash_params(config))
+        self._init_hash_rows(config, [r + 1 for r in self._tbe.local_rows], [s.overflow for s in specs])
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         return super().forward(self.map_replicated(features))

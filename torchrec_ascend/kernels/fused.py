@@ -40,11 +40,11 @@ from torch.distributed._shard.sharded_tensor.metadata import ShardedTensorMetada
 from torchrec.distributed.batched_embedding_kernel import (
     BatchedFusedEmbedding,
     BatchedFusedEmbeddingBag,
-    EmbeddingFusedOptimizer,
 )
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, HashTableSpec, hash_spec_of
 from torchrec_ascend.hash.slot_table import Assignment, SlotTable
@@ -64,7 +64,7 @@ def with_reserved_rows(config: GroupedEmbeddingConfig) -> GroupedEmbeddingConfig
 
     The extra (last) row of each table's pool is the reserved default row, which rejected IDs (and IDs unknown in
     eval mode) read as ``not_admitted_value``; every one of the shard's own rows holds an ID.
-    :meth:`HashRows._hide_reserved_rows` then keeps the extra row out of what TorchRec and fbgemm report.
+    :meth:`TBE.hide_last_rows` then keeps the extra row out of what TorchRec and fbgemm report.
 
     Example::
 
@@ -176,20 +176,16 @@ class ShardInfo:
 class HashRows:
     """Mixin for TorchRec TBE kernels: raw IDs -> rows through one :class:`SlotTable` per table.
 
-    The kernel class calls :meth:`_init_hash_rows` at the end of ``__init__`` and :meth:`lookup_rows` at the start of
-    ``forward``. Subclasses change :meth:`_rows_arrived` and :meth:`_rows_left`.
+    The kernel class wraps its stock kernel's TBE in ``self._tbe`` (:class:`~torchrec_ascend.adapters.tbe.TBE`, the
+    only way to the TBE's and the stock kernel's private fields) right after the stock constructor, calls
+    :meth:`_init_hash_rows` at the end of ``__init__`` and :meth:`lookup_rows` at the start of ``forward``.
+    Subclasses change :meth:`_rows_arrived` and :meth:`_rows_left`.
     """
 
     _slot_tables: Sequence[SlotTable]  # a torch.nn.ModuleList: registered, moved and saved with the kernel
     _specs: List[HashTableSpec]
-    # Supplied by the TorchRec kernel class this mixin is combined with (TorchRec ships no types: Any to mypy).
-    _emb_module: Any
-    _config: Any
-    _pg: Any
-    _feature_table_map: List[int]
-    _col_offset: List[int]
-    _local_cols: List[int]
-    training: bool
+    _tbe: TBE
+    training: bool  # torch.nn.Module's, from the TorchRec kernel class this mixin is combined with
 
     def _init_hash_rows(self, config: GroupedEmbeddingConfig, pool_rows: List[int], overflow: List[str]) -> None:
         self._specs = [hash_spec_of(t) or HashTableSpec() for t in config.embedding_tables]
@@ -202,8 +198,7 @@ class HashRows:
         self._init_ranges = [(t.get_weight_init_min(), t.get_weight_init_max()) for t in config.embedding_tables]
         # TorchRec's prefetch (called for KEY_VALUE tables by prefetching pipelines) hands the TBE raw IDs, which
         # fbgemm's bounds check would clamp in place: it comes to us instead (see prefetch_ids).
-        self._emb_module.prefetch = self.prefetch_ids
-        self._emb_module.prefetch_pipeline = True  # TorchRec checks it for key_value
+        self._tbe.route_prefetch(self.prefetch_ids)
         self._pipeline_depth = 1
         # Prefetched batches by their IDs tensor (kept alive, so its address stays unique): (ids, rows, pinned slots);
         # rows and pins None: the batch could not be prefetched and is mapped at its lookup (and so is every later one).
@@ -212,24 +207,6 @@ class HashRows:
         self._prefetching = False  # set by the first prefetch: from then on lookups pin their batch's rows
         self._rows_lock = threading.Lock()  # prefetch (a host thread) and lookup (the compute thread) both map IDs
         self.prefetched_batches = 0  # lookups that found their rows ready
-
-    def _hide_reserved_rows(self, config: GroupedEmbeddingConfig) -> None:
-        """Called right after the stock constructor built the TBE from :func:`with_reserved_rows` of ``config``.
-
-        The kernel keeps views of each table's whole pool (its rows plus the reserved one); everything TorchRec and
-        fbgemm report as the table (``split_embedding_weights``, ``split_optimizer_states``, ``state_dict``, the
-        fused optimizer's ShardedTensors, ``named_parameters``) covers the shard's own rows only: fbgemm takes each
-        table's row count for those views from the TBE's ``embedding_specs``, so that list is set to the shard's
-        rows, and the fused optimizer is rebuilt on it. The TBE's lookup (offsets, bounds) keeps the whole pool.
-        """
-        emb = self._emb_module
-        self._pool_weights(0)
-        self._pool_states(0)  # full views first, then hide the reserved rows from every later split
-        emb.embedding_specs = [(rows - 1, *rest) for rows, *rest in emb.embedding_specs]
-        self._config = without_hash_params(config)
-        self._local_rows = [t.local_rows for t in config.embedding_tables]
-        if isinstance(getattr(self, "_optim", None), EmbeddingFusedOptimizer):
-            self._optim = EmbeddingFusedOptimizer(self._config, emb, self._pg)
 
     def set_pipeline_depth(self, depth: int) -> None:
         """Accept any depth: pins follow the batches actually in flight (see :meth:`prefetch_ids`)."""
@@ -293,7 +270,7 @@ class HashRows:
     def _ids_per_table(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
         per_feature = torch.split(features.values(), features.length_per_key())
         return [
-            torch.cat([per_feature[i] for i, ft in enumerate(self._feature_table_map) if ft == t] or [_EMPTY])
+            torch.cat([per_feature[i] for i, ft in enumerate(self._tbe.feature_table_map) if ft == t] or [_EMPTY])
             for t in range(len(self._slot_tables))
         ]
 
@@ -321,8 +298,8 @@ class HashRows:
     def export_rows(self, t: int) -> Tuple[torch.Tensor, torch.Tensor, int]:
         """Every ID held by table ``t``'s shard, its row (this shard's columns, on the host) and its first column."""
         ids, slots = self._slot_tables[t].id_map.export()
-        weights = self._pool_weights(t)
-        return ids, weights[slots.to(weights.device)].cpu(), self._col_offset[t]
+        weights = self._tbe.weights(t)
+        return ids, weights[slots.to(weights.device)].cpu(), self._tbe.col_offsets[t]
 
     def map_ids(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``features`` with raw IDs replaced by rows; new rows filled, evicted rows handed to the subclass.
@@ -340,14 +317,14 @@ class HashRows:
         per_feature = list(torch.split(values, on_host.length_per_key()))
         for i, (feature, ids) in enumerate(zip(self._feature_names, per_feature)):
             if ids.numel() and int(ids.min()) < 0:
-                table = self._table_names[self._feature_table_map[i]]
+                table = self._table_names[self._tbe.feature_table_map[i]]
                 raise ValueError(
                     f"hash table {table!r}, feature {feature!r}: IDs must be non-negative int64, got "
                     f"{int(ids.min())}. Map negative IDs to non-negative ones (e.g. x & (2**63 - 1)) before lookup."
                 )
         slots: List[Any] = [None] * len(per_feature)
         for t, table in enumerate(self._slot_tables):
-            features_of_t = [i for i, ft in enumerate(self._feature_table_map) if ft == t]
+            features_of_t = [i for i, ft in enumerate(self._tbe.feature_table_map) if ft == t]
             ids = torch.cat([per_feature[i] for i in features_of_t]) if features_of_t else values[:0]
             assignment = table.assign(
                 ids.long(), training=self.training,
@@ -366,33 +343,19 @@ class HashRows:
         host_slots = torch.cat(slots) if slots else values
         return host_slots.to(device, non_blocking=True), with_values(on_host, host_slots)
 
-    # The TBE never reallocates its weights or states, so per-table views are taken once (cheap per batch). They
-    # are `.data` views, outside autograd's version counting: a prefetch writes rows that no batch in flight uses
-    # while an earlier batch's forward may have saved the whole tensor for its backward.
-    def _pool_weights(self, t: int) -> torch.Tensor:
-        if not hasattr(self, "_weight_views"):
-            self._weight_views = [w.data for w in self._emb_module.split_embedding_weights()]
-        return self._weight_views[t]
-
-    def _pool_states(self, t: int) -> List[torch.Tensor]:
-        if not hasattr(self, "_state_views"):
-            states = self._emb_module.split_optimizer_states()
-            self._state_views = [[s.data for s in per_table] for per_table in states] if states else []
-        return self._state_views[t] if self._state_views else []  # stateless optimizers (SGD) have none
-
     def initial_rows(self, t: int, ids: torch.Tensor) -> torch.Tensor:
         """The deterministic initial values of ``ids`` for this shard's columns of table ``t``."""
         low, high = self._init_ranges[t]
-        col0, cols = self._col_offset[t], self._local_cols[t]
+        col0, cols = self._tbe.col_offsets[t], self._tbe.local_cols[t]
         return ops.hash_uniform_init(ids, self._specs[t].init_seed, col0 + cols, low, high)[:, col0:]
 
     def _rows_arrived(self, t: int, assignment: Assignment) -> None:
         """Fill rows handed to IDs: initial values, zero optimizer state (FUSED: every arriving ID is new)."""
-        weights = self._pool_weights(t)
+        weights = self._tbe.weights(t)
         slots = assignment.new_slots.to(weights.device, non_blocking=True)
         with torch.no_grad():
             weights[slots] = self.initial_rows(t, assignment.new_ids).to(weights.device, non_blocking=True)
-            for state in self._pool_states(t):
+            for state in self._tbe.states(t):
                 state[slots] = 0
 
     def _rows_left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
@@ -402,8 +365,8 @@ class HashRows:
         # Rejected and unknown IDs read this row; training may have moved it since the last batch.
         table = self._slot_tables[t]
         with torch.no_grad():
-            self._pool_weights(t)[table.default_slot] = self._specs[t].not_admitted_value
-            for state in self._pool_states(t):
+            self._tbe.weights(t)[table.default_slot] = self._specs[t].not_admitted_value
+            for state in self._tbe.states(t):
                 state[table.default_slot] = 0
 
     # -- checkpoint support (torchrec_ascend.checkpoint) -------------------------------------------------------------
@@ -428,18 +391,17 @@ class HashRows:
             info = kernel.shard_info(0)
             info.name, info.col0, info.cols, info.state_shapes   # ('user', 0, 16, ((16,),)) with Adagrad
         """
-        emb = self._emb_module
         table = self._slot_tables[t]
         return ShardInfo(
             name=self._table_names[t],
-            table=self._config.embedding_tables[t],
+            table=self._tbe.config.embedding_tables[t],
             hash_ids=True,
             spec=self._specs[t],
             capacity=table.capacity,
-            col0=self._col_offset[t],
-            cols=self._local_cols[t],
-            state_shapes=tuple(tuple(s.shape[1:]) for s in self._pool_states(t)),
-            optimizer=str(getattr(emb.optimizer, "value", emb.optimizer)),
+            col0=self._tbe.col_offsets[t],
+            cols=self._tbe.local_cols[t],
+            state_shapes=tuple(tuple(s.shape[1:]) for s in self._tbe.states(t)),
+            optimizer=self._tbe.optimizer_name,
             eviction=table.eviction is not None,
             admission=table.admission is not None,
             lower_tiers=False,
@@ -447,7 +409,7 @@ class HashRows:
 
     def row_width(self, t: int) -> int:
         """Elements of a packed row of table ``t``: its columns plus every optimizer state's per-row elements."""
-        return self._local_cols[t] + sum(math.prod(s.shape[1:]) for s in self._pool_states(t))
+        return self._tbe.local_cols[t] + sum(math.prod(s.shape[1:]) for s in self._tbe.states(t))
 
     def pack_rows(self, t: int, slots: torch.Tensor) -> torch.Tensor:
         """Pool rows ``slots`` of table ``t`` as ``[n, row_width]`` on the host: weights, then each optimizer state
@@ -458,21 +420,21 @@ class HashRows:
             packed = kernel.pack_rows(0, torch.tensor([3, 5]))
             kernel.unpack_rows(0, torch.tensor([3, 5]), packed)   # no change
         """
-        weights = self._pool_weights(t)
+        weights = self._tbe.weights(t)
         slots = slots.to(weights.device)
         parts = [weights[slots]]
-        parts += [s[slots].view(slots.numel(), math.prod(s.shape[1:])) for s in self._pool_states(t)]
+        parts += [s[slots].view(slots.numel(), math.prod(s.shape[1:])) for s in self._tbe.states(t)]
         return torch.cat(parts, dim=1).cpu()
 
     def unpack_rows(self, t: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write packed ``rows`` (``[n, row_width]``, see :meth:`pack_rows`) to pool rows ``slots`` of table ``t``."""
-        cols = self._local_cols[t]
-        weights = self._pool_weights(t)
+        cols = self._tbe.local_cols[t]
+        weights = self._tbe.weights(t)
         slots, rows = slots.to(weights.device), rows.to(weights.device)
         with torch.no_grad():
             weights[slots] = rows[:, :cols]
             start = cols
-            for state in self._pool_states(t):
+            for state in self._tbe.states(t):
                 width = math.prod(state.shape[1:])
                 state[slots] = rows[:, start:start + width].view((-1,) + tuple(state.shape[1:]))
                 start += width
@@ -546,14 +508,11 @@ class HashRows:
 
     def optimizer_iteration(self) -> int:
         """The fused optimizer's step counter (fbgemm's ``iter``; Adam-style optimizers use it)."""
-        return int(self._emb_module.iter.item())
+        return self._tbe.iteration()
 
     def set_optimizer_iteration(self, value: int) -> None:
         """Set the fused optimizer's step counter (and fbgemm's CPU copy of it, which it syncs only from 0)."""
-        emb = self._emb_module
-        emb.iter.fill_(value)
-        if isinstance(getattr(emb, "iter_cpu", None), torch.Tensor):
-            emb.iter_cpu.fill_(value)
+        self._tbe.set_iteration(value)
 
     def _stored_rows(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         return iter(())  # FUSED: every row is in the pool
@@ -593,7 +552,8 @@ class HashFusedEmbeddingBag(HashRows, BatchedFusedEmbeddingBag):
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None,
                  sharding_type: Any = None, env: Any = None) -> None:
         super().__init__(without_hash_params(with_reserved_rows(config)), pg, device, sharding_type, env)
-        self._hide_reserved_rows(config)
+        self._tbe = TBE(self)
+        self._tbe.hide_last_rows(without_hash_params(config))
         self._init_hash_rows(config, _pool_rows(config), [s.overflow for s in _specs(config)])
 
     def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -605,7 +565,8 @@ class HashFusedEmbedding(HashRows, BatchedFusedEmbedding):
 
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None, env: Any = None) -> None:
         super().__init__(without_hash_params(with_reserved_rows(config)), pg, device)
-        self._hide_reserved_rows(config)
+        self._tbe = TBE(self)
+        self._tbe.hide_last_rows(without_hash_params(config))
         self._init_hash_rows(config, _pool_rows(config), [s.overflow for s in _specs(config)])
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:

@@ -44,6 +44,7 @@ from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.distributed.types import KeyValueParams
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, hash_spec_of
 from torchrec_ascend.hash.slot_table import Assignment
@@ -127,7 +128,8 @@ class KeyValueRows(HashRows):
         self._shard_rows = [t.local_rows for t in config.embedding_tables]
         self._key_offsets = [t.local_metadata.shard_offsets[0] for t in config.embedding_tables]
         shard_rows = self._shard_rows
-        self._init_hash_rows(config, self._local_rows, ["evict"] * len(shard_rows))  # type: ignore[attr-defined]
+        self._tbe = TBE(self)
+        self._init_hash_rows(config, self._tbe.local_rows, ["evict"] * len(shard_rows))
         budget_gb = params.get("l2_cache_size")
         directory = params.get("ssd_storage_directory")
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -155,14 +157,14 @@ class KeyValueRows(HashRows):
     def _eval_on_host(self, features: KeyedJaggedTensor) -> Optional[KeyedJaggedTensor]:
         """For an evaluation batch whose rows the cache cannot take now: the batch with its IDs on the host (for
         :meth:`rows_from_tiers`); None otherwise (training, or the batch fits)."""
-        if self.training:  # type: ignore[attr-defined]
+        if self.training:
             return None
         on_host = with_values(features, features.values().to("cpu"))
         return None if self._fits(on_host) else on_host
 
     def _fits(self, features: KeyedJaggedTensor) -> bool:
         """Whether the cache can take this batch's rows now (the rows of batches in flight stay pinned)."""
-        return all(t.can_fit(ids) for t, ids in zip(self._slot_tables, self._ids_per_table(features)))  # type: ignore
+        return all(t.can_fit(ids) for t, ids in zip(self._slot_tables, self._ids_per_table(features)))
 
     def rows_from_tiers(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
         """Per feature, the current row of each of its IDs (this shard's columns), read from whichever tier holds it.
@@ -180,24 +182,24 @@ class KeyValueRows(HashRows):
         """
         per_feature = list(torch.split(features.values(), features.length_per_key()))
         out: List[Any] = [None] * len(per_feature)
-        for t, table in enumerate(self._slot_tables):  # type: ignore[attr-defined]
-            features_of_t = [i for i, ft in enumerate(self._feature_table_map) if ft == t]  # type: ignore
+        for t, table in enumerate(self._slot_tables):
+            features_of_t = [i for i, ft in enumerate(self._tbe.feature_table_map) if ft == t]
             if not features_of_t:
                 continue
             ids = torch.cat([per_feature[i] for i in features_of_t]).long()
             unique, inverse, _ = ops.hash_unique(ids)
-            cols = self._local_cols[t]  # type: ignore[attr-defined]
-            rows = torch.full((unique.numel(), cols), self._specs[t].not_admitted_value)  # type: ignore[attr-defined]
+            cols = self._tbe.local_cols[t]
+            rows = torch.full((unique.numel(), cols), self._specs[t].not_admitted_value)
             slots = table.id_map.lookup(unique)
             cached = slots >= 0
-            pool = self._pool_weights(t)  # type: ignore[attr-defined]
+            pool = self._tbe.weights(t)
             rows[cached] = pool[slots[cached].to(pool.device)].float().cpu()
             below = (~cached).nonzero().squeeze(1)
             stored, found = self._read_stored(t, unique[below])
             rows[below[found]] = stored[found, :cols].float()
             if not self._is_hash[t]:
                 fresh = below[~found]
-                rows[fresh] = self.initial_rows(t, unique[fresh] + self._key_offsets[t]).float()  # type: ignore
+                rows[fresh] = self.initial_rows(t, unique[fresh] + self._key_offsets[t]).float()
             per_id = rows[inverse]
             for i, part in zip(features_of_t, torch.split(per_id, [per_feature[i].numel() for i in features_of_t])):
                 out[i] = part
@@ -216,7 +218,7 @@ class KeyValueRows(HashRows):
             if not self._is_hash[t]:
                 keys = keys + self._key_offsets[t]  # plain tables: initialised from the global row
             rows[fresh] = 0.0
-            rows[fresh, : self._local_cols[t]] = self.initial_rows(t, keys)  # type: ignore[attr-defined]
+            rows[fresh, : self._tbe.local_cols[t]] = self.initial_rows(t, keys)
         self.unpack_rows(t, assignment.new_slots, rows)
         self._swaps[t]["swapped_in"] += int(found.sum())
         self._swaps[t]["initialised"] += int(fresh.sum())
@@ -224,7 +226,7 @@ class KeyValueRows(HashRows):
     def export_rows(self, t: int) -> Any:
         """Every ID of table ``t``'s shard in any tier, its row (this shard's columns) and the first column."""
         ids, rows, col0 = super().export_rows(t)
-        cols = self._local_cols[t]  # type: ignore[attr-defined]
+        cols = self._tbe.local_cols[t]
         parts = [(ids, rows)] + [(k, r[:, :cols]) for k, r in self._stores[t].chunks()]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), col0
 
@@ -240,7 +242,7 @@ class KeyValueRows(HashRows):
         if all(self._is_hash):
             return
         for i, ids in enumerate(torch.split(features.values(), features.length_per_key())):
-            t = self._feature_table_map[i]  # type: ignore[attr-defined]
+            t = self._tbe.feature_table_map[i]
             if not self._is_hash[t] and ids.numel() and int(ids.max()) >= self._shard_rows[t]:
                 raise ValueError(
                     f"table {self._table_names[t]!r}, feature {self._feature_names[i]!r}: row {int(ids.max())} is out "
@@ -311,10 +313,10 @@ class KeyValueRows(HashRows):
         # without memory (the rows live in three tiers; the checkpoint Saver saves them).
         placeholders = [
             zeros_without_memory(rows, cols)
-            for rows, cols in zip(self._shard_rows, self._local_cols)  # type: ignore[attr-defined]
+            for rows, cols in zip(self._shard_rows, self._tbe.local_cols)
         ]
-        return get_state_dict(on_the_host(self._shard_tables), placeholders, self._pg, destination,  # type: ignore
-                              prefix)
+        return get_state_dict(on_the_host(self._shard_tables), placeholders, self._tbe.process_group,
+                              destination, prefix)
 
 
 class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
@@ -359,7 +361,7 @@ class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
         samples = features.stride_per_key()
         first = [sum(samples[:i]) for i in range(len(samples))]  # each feature's first sample
         bags = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
-        mean = self._emb_module.pooling_mode == PoolingMode.MEAN  # type: ignore[attr-defined]
+        mean = self._tbe.pooling_mode == PoolingMode.MEAN
         pooled = []
         for i, part in enumerate(rows):
             feature_bags = bags[features.offset_per_key()[i]:features.offset_per_key()[i + 1]] - first[i]
@@ -381,7 +383,7 @@ class KeyValueEmbedding(KeyValueRows, BatchedFusedEmbedding):
         on_host = self._eval_on_host(features)
         if on_host is not None:  # evaluation larger than the free cache: nothing is swapped
             rows = self.rows_from_tiers(on_host)
-            out = torch.cat(rows) if rows else torch.zeros(0, self._local_cols[0])  # type: ignore[attr-defined]
+            out = torch.cat(rows) if rows else torch.zeros(0, self._tbe.local_cols[0])
             return out.to(features.values().device)
         return BatchedFusedEmbedding.forward(self, self.lookup_rows(features))
 
