@@ -44,6 +44,11 @@ COLUMN_SPLITS = {"column_wise", "table_column_wise", "grid_shard"}
 ROW_SPLITS = {"row_wise", "table_row_wise", "grid_shard"}
 #: A KEY_VALUE cache small enough to swap every batch: rows per shard, host budget in KiB (the rest goes to disk).
 TINY_CACHE = {"cache_rows": 64, "host_kb": 8}
+#: Parity variants (full run), each one case on the first row-wise Adagrad-row-wise case of a module kind: the hash
+#: tables script's (against the unsharded module and the dict model) and the KEY_VALUE script's (against FUSED).
+HASH_VARIANTS = {"ebc": ("mean", "weighted", "int32", "eval"), "ec": ("eval",)}
+KEY_VALUE_VARIANTS = {"ebc": ("mean", "weighted", "mixed_dims", "fp16", "int32", "vbe", "empty_rank", "eval"),
+                      "ec": ("eval",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +97,18 @@ def _optimizers(profile: Any) -> Tuple[List[str], List[Case]]:
         if fbgemm not in SCRIPT_OPTIMIZERS.values()
     ]
     return supported, skipped
+
+
+def _variants(cases: List[Case], variants: Mapping[str, Sequence[str]]) -> List[Case]:
+    """One case per variant on the first runnable row-wise Adagrad case of each module kind (row_wise preferred)."""
+    out = []
+    for kind, names in variants.items():
+        base = [c for c in cases if not c.skip and c.params["kind"] == kind
+                and c.params["optimizer"] == "rowwise_adagrad"]
+        base.sort(key=lambda c: c.params["sharding_type"] != "row_wise")
+        if base:
+            out += [Case({**base[0].params, "variant": name}, base[0].expect) for name in names]
+    return out
 
 
 def _min_shards(sharding_type: str, world_size: int) -> int:
@@ -146,9 +163,9 @@ def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     """Hash tables sharded every way the device supports vs. the unsharded hash module and a dict model.
 
     The script picks the kernel: dense for data_parallel replicas, FUSED otherwise. The full run adds sequence
-    tables sharded with ``use_index_dedup``, and stock ``state_dict()`` round trips through
-    torch.distributed.checkpoint (same plan per sharding type). ``quick``: one pooled row-wise case and one
-    row-wise sequence case with index dedup.
+    tables sharded with ``use_index_dedup``, stock ``state_dict()`` round trips through
+    torch.distributed.checkpoint (same plan per sharding type) and the :data:`HASH_VARIANTS`. ``quick``: one pooled
+    row-wise case and one row-wise sequence case with index dedup.
     """
     cases = _grid(profile, world_size, HASH_SHARDING_TYPES, lambda *_: {})
     runnable = [c for c in cases if not c.skip and c.params["optimizer"] == "rowwise_adagrad"]
@@ -158,14 +175,14 @@ def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
                 + _quick(dedup, ("ec-row_wise-rowwise_adagrad-index_dedup",)))
     state_dict = [Case({**c.params, "state_dict": c.params["sharding_type"]}) for c in runnable
                   if c.params["kind"] == "ebc"]
-    return cases + dedup + state_dict
+    return cases + dedup + state_dict + _variants(cases, HASH_VARIANTS)
 
 
 def key_value_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     """KEY_VALUE with a tiny cache over host memory over disk vs. FUSED, bit for bit.
 
     Skipped as a whole when the device's profile has no ``key_value`` kernel. The full run adds one long case that
-    must spill rows to disk. ``quick``: one pooled row-wise case.
+    must spill rows to disk, and the :data:`KEY_VALUE_VARIANTS`. ``quick``: one pooled row-wise case.
     """
     if "key_value" not in profile.compute_kernels:
         return [Case({"kernel": "key_value"}, skip=f"the key_value kernel is not offered on {profile.device_type}")]
@@ -177,7 +194,7 @@ def key_value_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     if long:
         params = {**long[-1].params, "steps": 400}
         cases.append(Case(params, {**long[-1].expect, "disk_rows": True}))
-    return cases
+    return cases + _variants([c for c in cases if c.params.get("steps") != 400], KEY_VALUE_VARIANTS)
 
 
 def pipeline_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:

@@ -6,8 +6,9 @@ of that and put a :class:`~torchrec_ascend.hash.slot_table.SlotTable` per table 
 of the shard's pool before the TBE lookup. A row handed to a new ID is initialised as a function of (seed, ID,
 column) and its optimizer state is zeroed, so state always belongs to the ID holding the row.
 
-:class:`HashRows` is the shared machinery; the KEY_VALUE kernels subclass it and change only what happens to rows
-that arrive (loaded from host memory instead of initialised) and leave (written back instead of dropped).
+:class:`HashRows` is the shared machinery; what happens to rows that arrive in the pool and leave it is its row
+tier's (:mod:`torchrec_ascend.kernels.row_tier`): FUSED initialises and drops them, KEY_VALUE loads them from and writes
+them back to host memory.
 
 Where the work happens: the pool (TBE weights and optimizer state) lives on the kernel's device; the slot tables
 (ID maps, policies, counters) live on the host by design. So a batch's IDs cross once each way, explicitly and
@@ -32,7 +33,7 @@ import functools
 import itertools
 import math
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torch.distributed._shard.metadata import ShardMetadata
@@ -45,9 +46,9 @@ from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend.adapters.tbe import TBE
-from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, HashTableSpec, hash_spec_of
 from torchrec_ascend.hash.slot_table import Assignment, SlotTable
+from torchrec_ascend.kernels.row_tier import PoolOnly, RowTier
 from torchrec_ascend.native import ops
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -179,7 +180,7 @@ class HashRows:
     The kernel class wraps its stock kernel's TBE in ``self._tbe`` (:class:`~torchrec_ascend.adapters.tbe.TBE`, the
     only way to the TBE's and the stock kernel's private fields) right after the stock constructor, calls
     :meth:`_init_hash_rows` at the end of ``__init__`` and :meth:`lookup_rows` at the start of ``forward``.
-    Subclasses change :meth:`_rows_arrived` and :meth:`_rows_left`.
+    Rows outside the pool are its row tier's (``tier`` of :meth:`_init_hash_rows`; :class:`PoolOnly` by default).
     """
 
     _slot_tables: Sequence[SlotTable]  # a torch.nn.ModuleList: registered, moved and saved with the kernel
@@ -187,7 +188,10 @@ class HashRows:
     _tbe: TBE
     training: bool  # torch.nn.Module's, from the TorchRec kernel class this mixin is combined with
 
-    def _init_hash_rows(self, config: GroupedEmbeddingConfig, pool_rows: List[int], overflow: List[str]) -> None:
+    def _init_hash_rows(
+        self, config: GroupedEmbeddingConfig, pool_rows: List[int], overflow: List[str], tier: Optional[RowTier] = None
+    ) -> None:
+        self._tier: RowTier = PoolOnly(self) if tier is None else tier
         self._specs = [hash_spec_of(t) or HashTableSpec() for t in config.embedding_tables]
         self._slot_tables = cast(Sequence[SlotTable], torch.nn.ModuleList(
             SlotTable(t.name, spec, rows, rule)
@@ -287,10 +291,6 @@ class HashRows:
         for table, slots in zip(self._slot_tables, pinned):
             table.pin(slots, -1)
 
-    def _known(self, t: int) -> Any:
-        """For a cache: which IDs missing from the pool have a row in a lower tier (None: no lower tier)."""
-        return None
-
     def hash_stats(self) -> Dict[str, Dict[str, int]]:
         """Per-table counters of the slot tables (lookups, hits, inserted, evicted, rejected, size...)."""
         return {name: table.stats() for name, table in zip(self._table_names, self._slot_tables)}
@@ -328,11 +328,11 @@ class HashRows:
             ids = torch.cat([per_feature[i] for i in features_of_t]) if features_of_t else values[:0]
             assignment = table.assign(
                 ids.long(), training=self.training,
-                known=self._known(t), on_evict=functools.partial(self._rows_left, t),
+                known=self._tier.known(t), on_evict=functools.partial(self._tier.left, t),
             )
             if assignment.new_slots.numel():
                 try:
-                    self._rows_arrived(t, assignment)
+                    self._tier.arrived(t, assignment)
                 except Exception:
                     table.remove(assignment.new_ids)  # unfilled rows must not stay mapped; the stores keep theirs
                     raise
@@ -349,17 +349,15 @@ class HashRows:
         col0, cols = self._tbe.col_offsets[t], self._tbe.local_cols[t]
         return ops.hash_uniform_init(ids, self._specs[t].init_seed, col0 + cols, low, high)[:, col0:]
 
-    def _rows_arrived(self, t: int, assignment: Assignment) -> None:
-        """Fill rows handed to IDs: initial values, zero optimizer state (FUSED: every arriving ID is new)."""
+    def initialise_rows(self, t: int, assignment: Assignment) -> None:
+        """Give the rows handed to new IDs their initial values and zero optimizer state."""
         weights = self._tbe.weights(t)
         slots = assignment.new_slots.to(weights.device, non_blocking=True)
         with torch.no_grad():
-            weights[slots] = self.initial_rows(t, assignment.new_ids).to(weights.device, non_blocking=True)
+            initial = self.initial_rows(t, assignment.new_ids)
+            weights[slots] = initial.to(weights.device, weights.dtype, non_blocking=True)
             for state in self._tbe.states(t):
                 state[slots] = 0
-
-    def _rows_left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
-        """Rows about to be freed by eviction (FUSED: the IDs are dropped; arriving ones overwrite the rows)."""
 
     def _write_default_row(self, t: int) -> None:
         # Rejected and unknown IDs read this row; training may have moved it since the last batch.
@@ -371,8 +369,13 @@ class HashRows:
 
     # -- checkpoint support (torchrec_ascend.checkpoint) -------------------------------------------------------------
     # A shard leaves as blocks of ShardRows plus shard_state() and comes back through restore_shard(). FUSED keeps
-    # every row in its pool; KEY_VALUE overrides the lower-tier methods (_stored_rows, _read_stored,
-    # _restore_stored). Called between batches, never per batch.
+    # every row in its pool; KEY_VALUE's row tier holds the rest (RowTier.stored, read, restore). Called between
+    # batches, never per batch.
+
+    @property
+    def row_tier(self) -> RowTier:
+        """Where the rows outside the pool live (see :mod:`torchrec_ascend.kernels.row_tier`)."""
+        return self._tier
 
     @property
     def num_tables(self) -> int:
@@ -404,7 +407,7 @@ class HashRows:
             optimizer=self._tbe.optimizer_name,
             eviction=table.eviction is not None,
             admission=table.admission is not None,
-            lower_tiers=False,
+            lower_tiers=self._tier.lower_tiers,
         )
 
     def row_width(self, t: int) -> int:
@@ -422,8 +425,8 @@ class HashRows:
         """
         weights = self._tbe.weights(t)
         slots = slots.to(weights.device)
-        parts = [weights[slots]]
-        parts += [s[slots].view(slots.numel(), math.prod(s.shape[1:])) for s in self._tbe.states(t)]
+        parts = [weights[slots].float()]  # FP16 tables' rows travel as float32 (exactly)
+        parts += [s[slots].view(slots.numel(), math.prod(s.shape[1:])).float() for s in self._tbe.states(t)]
         return torch.cat(parts, dim=1).cpu()
 
     def unpack_rows(self, t: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
@@ -432,11 +435,11 @@ class HashRows:
         weights = self._tbe.weights(t)
         slots, rows = slots.to(weights.device), rows.to(weights.device)
         with torch.no_grad():
-            weights[slots] = rows[:, :cols]
+            weights[slots] = rows[:, :cols].to(weights.dtype)
             start = cols
             for state in self._tbe.states(t):
                 width = math.prod(state.shape[1:])
-                state[slots] = rows[:, start:start + width].view((-1,) + tuple(state.shape[1:]))
+                state[slots] = rows[:, start:start + width].reshape((-1,) + tuple(state.shape[1:])).to(state.dtype)
                 start += width
 
     def export_shard(self, t: int, changed_only: bool = False) -> Tuple[Iterator[ShardRows], torch.Tensor]:
@@ -467,9 +470,9 @@ class HashRows:
             ids, slots, last_used = table.held()
         pool = ShardRows(ids, slots, last_used, self.pack_rows(t, slots))
         if not changed_only:
-            lower = (_lower_tier_rows(keys, rows) for keys, rows in self._stored_rows(t))
+            lower = (_lower_tier_rows(keys, rows) for keys, rows in self._tier.stored(t))
             return itertools.chain([pool], lower), _EMPTY
-        rows, found = self._read_stored(t, left)
+        rows, found = self._tier.read(t, left)
         return iter([pool, _lower_tier_rows(left[found], rows[found])]), left[~found]
 
     def shard_state(self, t: int) -> Dict[str, Any]:
@@ -504,7 +507,7 @@ class HashRows:
         slots = records.slots[pooled]
         self._slot_tables[t].restore(records.ids[pooled], slots, records.last_used[pooled], state)
         self.unpack_rows(t, slots, records.rows[pooled])
-        self._restore_stored(t, records.ids[~pooled], records.rows[~pooled])
+        self._tier.restore(t, records.ids[~pooled], records.rows[~pooled])
 
     def optimizer_iteration(self) -> int:
         """The fused optimizer's step counter (fbgemm's ``iter``; Adam-style optimizers use it)."""
@@ -513,19 +516,6 @@ class HashRows:
     def set_optimizer_iteration(self, value: int) -> None:
         """Set the fused optimizer's step counter (and fbgemm's CPU copy of it, which it syncs only from 0)."""
         self._tbe.set_iteration(value)
-
-    def _stored_rows(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        return iter(())  # FUSED: every row is in the pool
-
-    def _read_stored(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        return torch.zeros(keys.numel(), self.row_width(t)), torch.zeros(keys.numel(), dtype=torch.bool)
-
-    def _restore_stored(self, t: int, keys: torch.Tensor, rows: torch.Tensor) -> None:
-        if keys.numel():
-            raise ConfigError(
-                f"table {self._table_names[t]!r}: {keys.numel()} rows to restore have no pool slot, but a FUSED "
-                "table keeps every row in its pool; restore them with pool slots"
-            )
 
 
 def _lower_tier_rows(keys: torch.Tensor, rows: torch.Tensor) -> ShardRows:
@@ -556,8 +546,8 @@ class HashFusedEmbeddingBag(HashRows, BatchedFusedEmbeddingBag):
         self._tbe.hide_last_rows(without_hash_params(config))
         self._init_hash_rows(config, _pool_rows(config), [s.overflow for s in _specs(config)])
 
-    def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return super().forward(self.lookup_rows(features), *args, **kwargs)
+    def forward(self, features: KeyedJaggedTensor, vbe_output: Any = None, vbe_output_offsets: Any = None) -> Any:
+        return pooled_lookup(self, self.lookup_rows(features), vbe_output, vbe_output_offsets)
 
 
 class HashFusedEmbedding(HashRows, BatchedFusedEmbedding):
@@ -571,6 +561,39 @@ class HashFusedEmbedding(HashRows, BatchedFusedEmbedding):
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         return super().forward(self.lookup_rows(features))
+
+
+def pooled_lookup(kernel: Any, features: KeyedJaggedTensor, vbe_output: Any, vbe_output_offsets: Any) -> Any:
+    """The stock pooled forward of ``kernel`` (a BatchedFusedEmbeddingBag) on ``features`` (rows, not IDs).
+
+    When a lookup has several kernels and a variable batch, TorchRec preallocates one output for all of them and
+    passes each kernel its offsets; fbgemm's CPU TBE refuses that, so on the CPU the kernel's own output is placed
+    into it (see :func:`place_vbe_output`).
+    """
+    tbe = kernel._tbe
+    if vbe_output is None or not tbe.module.use_cpu:
+        return BatchedFusedEmbeddingBag.forward(kernel, features, vbe_output, vbe_output_offsets)
+    own = BatchedFusedEmbeddingBag.forward(kernel, features)
+    dims = [tbe.local_cols[t] for t in tbe.feature_table_map]
+    return place_vbe_output(own, features.stride_per_key_per_rank(), dims, vbe_output, vbe_output_offsets)
+
+
+def place_vbe_output(
+    own: torch.Tensor, samples_per_rank: List[List[int]], dims: List[int], shared: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    """A kernel's variable-batch output (1-D: per rank, per feature, ``[samples, dim]`` flattened) placed at
+    ``offsets[rank][feature]`` of the ``shared`` output, out of place so autograd reaches both.
+
+    Example::
+
+        place_vbe_output(torch.ones(6), [[1, 2]], [2], torch.zeros(10), torch.tensor([[4], [8]]))
+        # ones at 4-5 (rank 0's sample) and 8-11 (rank 1's two)
+    """
+    world = len(samples_per_rank[0]) if samples_per_rank else 0
+    sizes = [samples_per_rank[f][r] * dims[f] for r in range(world) for f in range(len(dims))]
+    starts = offsets.to("cpu").flatten().tolist()  # [rank][feature], the order of ``own``'s blocks
+    positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, sizes)] or [_EMPTY])
+    return shared.index_copy(0, positions.to(shared.device), own.to(shared.dtype))
 
 
 def _specs(config: GroupedEmbeddingConfig) -> List[HashTableSpec]:

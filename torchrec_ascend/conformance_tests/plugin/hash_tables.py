@@ -2,7 +2,10 @@
 
 Run with torchrun (see ``conformance_tests/launch.py``); each case is
 ``{"kind": "ebc"|"ec", "sharding_type": ..., "optimizer": "sgd"|"adagrad"|"rowwise_adagrad", "kernel": "fused"}``,
-optionally ``"dedup": "index_dedup"`` (an EmbeddingCollection sharded with ``use_index_dedup=True``).
+optionally ``"dedup": "index_dedup"`` (an EmbeddingCollection sharded with ``use_index_dedup=True``) or
+``"variant"``: ``"mean"`` (MEAN pooling), ``"weighted"`` (per-sample weights), ``"int32"`` (int32 IDs below 2**31,
+lengths int32) or ``"eval"`` (after training, eval-mode forwards under ``torch.no_grad()`` with IDs never trained,
+which read the not-admitted vector; both oracles run in eval too).
 Raw 63-bit IDs (with repeats) go through stock collections of :class:`HashEmbeddingBagConfig` /
 :class:`HashEmbeddingConfig` tables; the dedup cases use small IDs instead, chosen so that each user ID equals an
 item ID plus the user table's ``num_embeddings`` (linearizing IDs by table size, as fbgemm's dedup does, would merge
@@ -36,6 +39,7 @@ import torchrec.optim as trec_optim
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.types import ShardingEnv
+from torchrec.modules.embedding_configs import PoolingType
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -57,7 +61,7 @@ BATCH, STEPS, MAX_LEN, LR, EPS = 4, 8, 3, 0.1, 1e-8
 INIT = (-0.25, 0.25)
 
 
-def make_module(kind: str) -> torch.nn.Module:
+def make_module(kind: str, variant: str = "") -> torch.nn.Module:
     if kind == "ec":
         return torchrec.EmbeddingCollection(tables=[
             HashEmbeddingConfig(name=n, num_embeddings=c, embedding_dim=DIM, feature_names=[f"f_{n}"], init_seed=s,
@@ -66,39 +70,50 @@ def make_module(kind: str) -> torch.nn.Module:
         ])
     return torchrec.EmbeddingBagCollection(tables=[
         HashEmbeddingBagConfig(name=n, num_embeddings=c, embedding_dim=DIM, feature_names=[f"f_{n}"], init_seed=s,
-                               weight_init_min=INIT[0], weight_init_max=INIT[1])
+                               weight_init_min=INIT[0], weight_init_max=INIT[1],
+                               pooling=PoolingType.MEAN if variant == "mean" else PoolingType.SUM)
         for n, c, s in TABLES
-    ])
+    ], is_weighted=variant == "weighted")
 
 
-def id_pool(table_index: int, colliding: bool = False) -> torch.Tensor:
+def id_pool(table_index: int, colliding: bool = False, fresh: bool = False, high: int = 2**63 - 1) -> torch.Tensor:
+    """The IDs a feature draws from; ``fresh``: as many others, never in the training pool (eval's unknown IDs)."""
     if colliding:  # user IDs 64.., item IDs 0..: user k + 64 and item k share a linearized index
         return torch.arange(IDS_PER_FEATURE) + (TABLES[0][1] if table_index == 0 else 0)
     gen = torch.Generator().manual_seed(77 + table_index)
-    return torch.randint(0, 2**63 - 1, (IDS_PER_FEATURE,), generator=gen)
+    return torch.randint(0, high, (2 if fresh else 1, IDS_PER_FEATURE), generator=gen)[-1]
 
 
-def make_batch(step: int, rank: int, colliding: bool = False) -> KeyedJaggedTensor:
+def make_batch(step: int, rank: int, colliding: bool = False, variant: str = "") -> KeyedJaggedTensor:
     gen = torch.Generator().manual_seed(1000 * step + rank)
     lengths = torch.randint(0, MAX_LEN + 1, (len(TABLES) * BATCH,), generator=gen)
+    high = 2**31 - 1 if variant == "int32" else 2**63 - 1
     values = []
     for t in range(len(TABLES)):
         n = int(lengths[t * BATCH:(t + 1) * BATCH].sum())
-        values.append(id_pool(t, colliding)[torch.randint(0, IDS_PER_FEATURE, (n,), generator=gen)])
+        pool = id_pool(t, colliding, high=high)
+        if variant == "eval" and step >= STEPS:  # eval batches: half the IDs never trained
+            pool = torch.cat([pool, id_pool(t, fresh=True)])
+        values.append(pool[torch.randint(0, pool.numel(), (n,), generator=gen)])
+    index = torch.int32 if variant == "int32" else torch.int64
+    weights = torch.rand(int(lengths.sum()), generator=gen) if variant == "weighted" else None
     return KeyedJaggedTensor.from_lengths_sync(
-        keys=[f"f_{n}" for n, _, _ in TABLES], values=torch.cat(values), lengths=lengths
+        keys=[f"f_{n}" for n, _, _ in TABLES], values=torch.cat(values).to(index), lengths=lengths.to(index),
+        weights=weights,
     )
 
 
-def rank_batches(step: int, world: int, colliding: bool = False) -> List[KeyedJaggedTensor]:
-    return [make_batch(step, r, colliding) for r in range(world)]
+def rank_batches(step: int, world: int, colliding: bool = False, variant: str = "") -> List[KeyedJaggedTensor]:
+    return [make_batch(step, r, colliding, variant) for r in range(world)]
 
 
 def concat(batches: List[KeyedJaggedTensor]) -> KeyedJaggedTensor:
     keys = batches[0].keys()
     lengths = [b.lengths()[f * BATCH:(f + 1) * BATCH] for f in range(len(keys)) for b in batches]
     values = [b[k].values() for k in keys for b in batches]
-    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(values), lengths=torch.cat(lengths))
+    weights = [b[k].weights() for k in keys for b in batches] if batches[0].weights_or_none() is not None else None
+    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(values), lengths=torch.cat(lengths),
+                                               weights=torch.cat(weights) if weights else None)
 
 
 def rows_of(kind: str, out: Any, batch: KeyedJaggedTensor) -> List[torch.Tensor]:
@@ -124,17 +139,21 @@ def upstream(kind: str, rows: torch.Tensor, step: int, rank: int) -> torch.Tenso
 
 
 class DictModel:
-    """The oracle written out: ID -> row (same initialisation), SUM pooling, the optimizer in plain Python."""
+    """The oracle written out: ID -> row (same initialisation), SUM or MEAN pooling of (weighted) rows, the optimizer
+    in plain Python; in eval (``training`` False) an ID never trained reads the not-admitted vector (zeros)."""
 
-    def __init__(self, optimizer: str, block: int) -> None:
+    def __init__(self, optimizer: str, block: int, mean: bool = False) -> None:
         self.rows: Dict[Tuple[str, int], torch.Tensor] = {}
         self.state: Dict[Tuple[str, int], torch.Tensor] = {}
-        self.optimizer, self.block = optimizer, block
+        self.optimizer, self.block, self.mean = optimizer, block, mean
         self.seeds = {f"f_{n}": (n, s) for n, _, s in TABLES}
+        self.training = True
 
     def row(self, feature: str, id_: int) -> torch.Tensor:
         table, seed = self.seeds[feature]
         key = (table, id_)
+        if key not in self.rows and not self.training:
+            return torch.zeros(DIM)
         if key not in self.rows:
             self.rows[key] = reference.hash_uniform_init(torch.tensor([id_]), seed, DIM, *INIT)[0].clone()
         return self.rows[key]
@@ -147,11 +166,13 @@ class DictModel:
             if kind == "ec":
                 blocks.append(torch.stack([self.row(key, i) for i in ids]) if ids else torch.zeros(0, DIM))
             else:
+                weights = jt.weights().tolist() if jt.weights_or_none() is not None else [1.0] * len(ids)
                 out, start = [], 0
                 for length in jt.lengths().tolist():
-                    bag = ids[start:start + length]
+                    bag = zip(ids[start:start + length], weights[start:start + length])
                     start += length
-                    out.append(sum((self.row(key, i) for i in bag), torch.zeros(DIM)))
+                    pooled = sum((w * self.row(key, i) for i, w in bag), torch.zeros(DIM))
+                    out.append(pooled / length if self.mean and length else pooled)
                 blocks.append(torch.stack(out))
         return blocks
 
@@ -160,7 +181,11 @@ class DictModel:
         for key, grad in zip(sorted(batch.keys()), grads):
             jt = batch[key]
             ids = jt.values().tolist()
-            per_value = grad if kind == "ec" else torch.repeat_interleave(grad, jt.lengths(), dim=0)
+            per_value = grad if kind == "ec" else torch.repeat_interleave(grad, jt.lengths().long(), dim=0)
+            if kind == "ebc" and self.mean:
+                per_value = per_value / torch.repeat_interleave(jt.lengths().long(), jt.lengths().long()).unsqueeze(1)
+            if jt.weights_or_none() is not None:
+                per_value = per_value * jt.weights().unsqueeze(1)
             table = self.seeds[key][0]
             for i, g in zip(ids, per_value):
                 acc[(table, i)] = acc.get((table, i), torch.zeros(DIM)) + g * scale
@@ -287,11 +312,11 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     if "state_dict" in case:
         return state_dict_case(case, pg)
     rank, world = pg.rank(), pg.size()
-    kind, sharding_type = case["kind"], case["sharding_type"]
+    kind, sharding_type, variant = case["kind"], case["sharding_type"], case.get("variant", "")
     opt_cls, opt_kwargs = OPTIMIZERS[case["optimizer"]]
     dedup = case.get("dedup") == "index_dedup"
     torch.manual_seed(0)
-    dmp = shard(_with_optimizer(make_module(kind), kind, opt_cls, opt_kwargs), sharding_type,
+    dmp = shard(_with_optimizer(make_module(kind, variant), kind, opt_cls, opt_kwargs), sharding_type,
                 case.get("kernel", "dense" if sharding_type == "data_parallel" else "fused"), pg, dedup)
     # data_parallel tables are trained by a dense optimizer, as TorchRec users do (DDP averages their gradients).
     dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
@@ -299,22 +324,28 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     block = _column_block(dmp) or DIM
     if opt_cls is trec_optim.RowWiseAdagrad and block != DIM:
         opt_cls, opt_kwargs = ColumnShardRowWiseAdagrad, {**opt_kwargs, "block": block}
-    unsharded = _with_optimizer(make_module(kind), kind, opt_cls, opt_kwargs)
-    python = DictModel(case["optimizer"], block)
+    unsharded = _with_optimizer(make_module(kind, variant), kind, opt_cls, opt_kwargs)
+    python = DictModel(case["optimizer"], block, mean=variant == "mean")
     scale = 1.0 / world  # TorchRec averages embedding gradients over ranks
 
     err_unsharded = err_python = 0.0
     device, transfers = script_device(), count_transfers(dmp)
-    for step in range(STEPS):
-        batches = rank_batches(step, world, dedup)
-        ref_blocks = rows_of(kind, unsharded(concat(batches)), concat(batches))
-        py_blocks = python.forward(kind, concat(batches))
-        local = batches[rank].to(device)
-        mine = torch.cat(rows_of(kind, dmp(local), local), dim=1 if kind == "ebc" else 0)
+    for step in range(STEPS + (2 if variant == "eval" else 0)):
+        if step == STEPS:  # eval: the trained models, forward only under no_grad, unknown IDs included
+            dmp.eval(), unsharded.eval()
+            python.training = False
+        batches = rank_batches(step, world, dedup, variant)
+        with torch.set_grad_enabled(step < STEPS):
+            ref_blocks = rows_of(kind, unsharded(concat(batches)), concat(batches))
+            py_blocks = python.forward(kind, concat(batches))
+            local = batches[rank].to(device)
+            mine = torch.cat(rows_of(kind, dmp(local), local), dim=1 if kind == "ebc" else 0)
         on_host = mine.detach().cpu()
         err_unsharded = max(err_unsharded, (on_host - split_global(kind, ref_blocks, batches, rank)).abs().max().item())
         err_python = max(err_python, (on_host - split_global(kind, py_blocks, batches, rank)).abs().max().item())
 
+        if step >= STEPS:
+            continue
         (mine * upstream(kind, mine, step, rank).to(device)).sum().backward()
         if dense is not None:
             dense.step()
@@ -326,7 +357,7 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
 
     final = sharded_rows(dmp, pg)
     seen = {(n, i) for step in range(STEPS) for (n, _, _), f in zip(TABLES, range(len(TABLES)))
-            for i in concat(rank_batches(step, world, dedup))[f"f_{n}"].values().tolist()}
+            for i in concat(rank_batches(step, world, dedup, variant))[f"f_{n}"].values().tolist()}
     return {
         "fwd_err_unsharded": err_unsharded,
         "fwd_err_python": err_python,

@@ -3,24 +3,29 @@
 Run with torchrun (``conformance_tests/launch.py``), any world size; each case is
 ``{"kind": "ebc"|"ec", "sharding_type": ..., "optimizer": ..., "steps": N, "cache_rows": R, "host_kb": K}``.
 Two copies of the same hash-table model train on the same batches: one FUSED (every row in the TBE), one KEY_VALUE
-with ``R`` cache rows per shard and a host budget of ``K`` KiB spilling to disk. Reported: the largest forward
-difference over all steps and the largest final row difference (both must be exactly 0), and the cache counters
-(evictions, rows swapped out and in, rows on disk) so a case that never swapped cannot pass unnoticed. Both models
-and their batches live on the suite's device (the host and disk tiers on the host, by design); ``residency`` says
-where the KEY_VALUE model's parameters, optimizer state, inputs and outputs were.
+with ``R`` cache rows per shard and a host budget of ``K`` KiB spilling to disk. An optional ``"variant"`` changes
+the model or the batches: ``"mean"`` (MEAN pooling), ``"weighted"`` (per-sample weights), ``"mixed_dims"`` (tables
+of dims 8 and 16), ``"fp16"`` (FP16 tables), ``"int32"`` (int32 IDs and lengths), ``"vbe"`` (a variable batch
+size per feature, ``stride_per_key_per_rank``), ``"empty_rank"`` (the last rank's batches have no samples) or
+``"eval"`` (after training, eval-mode forwards under ``torch.no_grad()`` of batches larger than the cache).
+Reported: the largest forward difference over all steps and the largest final row difference (both must be exactly
+0), and the cache counters (evictions, rows swapped out and in, rows on disk) so a case that never swapped cannot
+pass unnoticed. Both models and their batches live on the suite's device (the host and disk tiers on the host, by
+design); ``residency`` says where the KEY_VALUE model's parameters, optimizer state, inputs and outputs were.
 """
 
 from __future__ import annotations
 
 import gc
 import tempfile
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import torch
 import torchrec
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.modules.embedding_configs import DataType, PoolingType
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -36,31 +41,47 @@ POOL = 400  # distinct IDs per feature: several times the cache
 BATCH, MAX_LEN = 8, 3  # a row-wise shard sees at most 2 * 8 * 3 = 48 IDs per table per batch
 
 
-def make_module(kind: str) -> torch.nn.Module:
+def make_module(kind: str, variant: str = "") -> torch.nn.Module:
+    dims = [DIM * (1 + t) if variant == "mixed_dims" else DIM for t in range(len(TABLES))]
+    data_type = DataType.FP16 if variant == "fp16" else DataType.FP32
     if kind == "ec":
         return torchrec.EmbeddingCollection(tables=[
-            HashEmbeddingConfig(name=n, num_embeddings=c, embedding_dim=DIM, feature_names=[f"f_{n}"], init_seed=s)
-            for n, c, s in TABLES
+            HashEmbeddingConfig(name=n, num_embeddings=c, embedding_dim=d, feature_names=[f"f_{n}"], init_seed=s,
+                                data_type=data_type)
+            for (n, c, s), d in zip(TABLES, dims)
         ])
     return torchrec.EmbeddingBagCollection(tables=[
-        HashEmbeddingBagConfig(name=n, num_embeddings=c, embedding_dim=DIM, feature_names=[f"f_{n}"], init_seed=s)
-        for n, c, s in TABLES
-    ])
+        HashEmbeddingBagConfig(name=n, num_embeddings=c, embedding_dim=d, feature_names=[f"f_{n}"], init_seed=s,
+                               data_type=data_type, pooling=PoolingType.MEAN if variant == "mean" else PoolingType.SUM)
+        for (n, c, s), d in zip(TABLES, dims)
+    ], is_weighted=variant == "weighted")
 
 
-def make_batch(step: int, rank: int) -> KeyedJaggedTensor:
+def make_batch(step: int, rank: int, variant: str = "", world: int = 1, max_len: int = MAX_LEN) -> KeyedJaggedTensor:
+    """``rank``'s batch: ``BATCH`` samples per feature (``vbe``: feature ``t`` has ``BATCH - t - rank % 2``,
+    expanded back in the output; ``empty_rank``: none on the last rank)."""
     gen = torch.Generator().manual_seed(7919 * step + rank)
-    lengths = torch.randint(0, MAX_LEN + 1, (len(TABLES) * BATCH,), generator=gen)
-    values = []
-    for t in range(len(TABLES)):
-        n = int(lengths[t * BATCH:(t + 1) * BATCH].sum())
+    samples = [BATCH - (t + rank % 2 if variant == "vbe" else 0) for t in range(len(TABLES))]
+    if variant == "empty_rank" and rank == world - 1:
+        samples = [0] * len(TABLES)
+    lengths = torch.randint(0, max_len + 1, (sum(samples),), generator=gen)
+    scale, spread = (1_009, 2**20) if variant == "int32" else (1_000_003, 2**40)
+    per_table: List[torch.Tensor] = []
+    for table_lengths in torch.split(lengths, samples):
+        n = int(table_lengths.sum())
         hot = torch.randint(0, POOL // 8, (n,), generator=gen)  # a hot set and a long tail, like real traffic
         tail = torch.randint(0, POOL, (n,), generator=gen)
         picks = torch.where(torch.rand(n, generator=gen) < 0.5, hot, tail)
-        values.append(picks * 1_000_003 + t * 2**40)  # spread-out raw IDs
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=[f"f_{n}" for n, _, _ in TABLES], values=torch.cat(values), lengths=lengths
-    )
+        per_table.append(picks * scale + len(per_table) * spread)  # spread-out raw IDs, per table
+    keys = [f"f_{n}" for n, _, _ in TABLES]
+    index = torch.int32 if variant == "int32" else torch.int64
+    values, lengths = torch.cat(per_table).to(index), lengths.to(index)
+    weights = torch.rand(values.numel(), generator=gen) if variant == "weighted" else None
+    if variant == "vbe":
+        inverse = torch.stack([torch.arange(BATCH) % b for b in samples])
+        return KeyedJaggedTensor(keys=keys, values=values, lengths=lengths, weights=weights,
+                                 stride_per_key_per_rank=[[b] for b in samples], inverse_indices=(keys, inverse))
+    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths, weights=weights)
 
 
 def shard(module: torch.nn.Module, case: Dict[str, Any], key_value: bool, pg: Any, directory: str) -> Any:
@@ -85,7 +106,7 @@ def shard(module: torch.nn.Module, case: Dict[str, Any], key_value: bool, pg: An
 
 
 def build(case: Dict[str, Any], key_value: bool, pg: Any, directory: str) -> Any:
-    module = make_module(case["kind"])
+    module = make_module(case["kind"], case.get("variant", ""))
     lookups = module.embeddings if case["kind"] == "ec" else module.embedding_bags
     cls, kwargs = OPTIMIZERS[case["optimizer"]]
     apply_optimizer_in_backward(cls, [lookup.weight for lookup in lookups.values()], dict(kwargs))
@@ -171,15 +192,20 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kv_disk_") as directory:
         fused = build(case, key_value=False, pg=pg, directory=directory)
         cached = build(case, key_value=True, pg=pg, directory=directory)
-        fwd_err, device = 0.0, script_device()
+        fwd_err, device, variant = 0.0, script_device(), case.get("variant", "")
         transfers = count_transfers(fused, cached)
-        for step in range(case["steps"]):
-            batch = make_batch(step, rank).to(device)
+        evaluating = 2 if variant == "eval" else 0
+        for step in range(case["steps"] + evaluating):
+            train = step < case["steps"]  # then eval: batches of up to 40 IDs a sample, larger than the cache
+            batch = make_batch(step, rank, variant, pg.size(), MAX_LEN if train else 40).to(device)
             outs = []
             for model in (fused, cached):
-                out = torch.cat(rows_of(kind, model(batch), batch), dim=1 if kind == "ebc" else 0)
+                model.train(train)
+                with torch.set_grad_enabled(train):
+                    out = torch.cat(rows_of(kind, model(batch), batch), dim=1 if kind == "ebc" else 0)
                 gen = torch.Generator().manual_seed(step * 31 + rank)
-                (out * torch.randn(out.shape, generator=gen).to(device)).sum().backward()
+                if train:
+                    (out * torch.randn(out.shape, generator=gen).to(out.dtype).to(device)).sum().backward()
                 outs.append(out.detach())
             fwd_err = max(fwd_err, (outs[0] - outs[1]).abs().max().item() if outs[0].numel() else 0.0)
         where = residency(parameters=cached, optimizer=cached.fused_optimizer, inputs=batch, outputs=outs[1])

@@ -35,7 +35,7 @@ import dataclasses
 import logging
 import math
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import torch
 from torchrec.distributed.batched_embedding_kernel import BatchedFusedEmbedding, BatchedFusedEmbeddingBag
@@ -46,12 +46,18 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, hash_spec_of
-from torchrec_ascend.hash.slot_table import Assignment
-from torchrec_ascend.kernels.fused import HashRows, ShardInfo, ShardRows, with_block_rows, with_values
-from torchrec_ascend.kernels.key_value.disk_store import DiskStore
-from torchrec_ascend.kernels.key_value.host_store import HostStore
+from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY
+from torchrec_ascend.kernels.fused import (
+    HashRows,
+    ShardInfo,
+    ShardRows,
+    place_vbe_output,
+    pooled_lookup,
+    with_block_rows,
+    with_values,
+)
 from torchrec_ascend.kernels.key_value.key_index import reserve
+from torchrec_ascend.kernels.key_value.tier import HostDiskTier
 from torchrec_ascend.kernels.walk import sharded_kernels
 from torchrec_ascend.native import ops
 
@@ -93,12 +99,14 @@ def _cache_config(config: GroupedEmbeddingConfig) -> GroupedEmbeddingConfig:
     return dataclasses.replace(config, embedding_tables=tables, fused_params=fused)
 
 
-def zeros_without_memory(rows: int, cols: int) -> torch.Tensor:
-    """A contiguous float32 ``[rows, cols]`` of zeros that costs no memory until written (reserved address space,
-    see :func:`reserve`: pages are materialised on touch only, and a table larger than RAM + swap still maps)."""
+def zeros_without_memory(rows: int, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A contiguous ``[rows, cols]`` of zeros (float32 or float16) that costs no memory until written (reserved
+    address space, see :func:`reserve`: pages are materialised on touch only, and a table larger than RAM + swap
+    still maps)."""
     import numpy as np
 
-    return torch.from_numpy(reserve(np.float32, rows * cols)).view(rows, cols)
+    kind = {torch.float32: np.float32, torch.float16: np.float16}[dtype]
+    return torch.from_numpy(reserve(kind, rows * cols)).view(rows, cols)
 
 
 def on_the_host(tables: List[Any]) -> List[Any]:
@@ -118,41 +126,21 @@ def on_the_host(tables: List[Any]) -> List[Any]:
 
 
 class KeyValueRows(HashRows):
-    """Mixin: the FUSED hash machinery with rows swapped to and from a host store instead of dropped."""
+    """Mixin: the FUSED hash machinery over a :class:`HostDiskTier`: rows swapped to and from a host store
+    (spilling to disk) instead of dropped."""
 
     def _init_key_value(self, config: GroupedEmbeddingConfig) -> None:
         """Set up slot tables and stores; ``config`` is the shard's own (not cache-sized) grouped config."""
-        params = config.fused_params or {}
-        self._is_hash = [hash_spec_of(t) is not None for t in config.embedding_tables]
         self._shard_tables = config.embedding_tables
         self._shard_rows = [t.local_rows for t in config.embedding_tables]
-        self._key_offsets = [t.local_metadata.shard_offsets[0] for t in config.embedding_tables]
-        shard_rows = self._shard_rows
         self._tbe = TBE(self)
-        self._init_hash_rows(config, self._tbe.local_rows, ["evict"] * len(shard_rows))
-        budget_gb = params.get("l2_cache_size")
-        directory = params.get("ssd_storage_directory")
-        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        self._stores: List[HostStore] = []
-        for t, table in enumerate(config.embedding_tables):
-            width = self.row_width(t)
-            disk = (
-                DiskStore(os.path.join(directory, f"rank{rank}"), width, name=table.name)
-                if directory
-                else None
-            )
-            budget = int(budget_gb * 1024**3) if budget_gb is not None else 1 << 62
-            self._stores.append(HostStore(width, torch.float32, budget_bytes=budget, spill=disk, name=table.name))
-        self._swaps = [dict.fromkeys(("swapped_in", "swapped_out", "initialised"), 0) for _ in shard_rows]
+        tier = HostDiskTier(self, config)
+        self._init_hash_rows(config, self._tbe.local_rows, ["evict"] * len(self._shard_rows), tier)
+        # The tier's, read by the metrics, evaluation and checkpoint methods below.
+        self._stores, self._swaps, self._is_hash = tier.stores, tier.swaps, tier.is_hash
+        self._key_offsets = tier.key_offsets
         self._log_every = int(os.environ.get("TORCHREC_ASCEND_METRICS_EVERY", "1000"))
         self._batches = 0
-
-    def _known(self, t: int) -> Any:
-        # IDs with a row below the cache: admitted already, and looked up (swapped in) in eval mode too. Every row of
-        # a plain table exists (a row never trained is its initial value), as in a FUSED plain table.
-        if not self._is_hash[t]:
-            return lambda keys: torch.ones(keys.shape, dtype=torch.bool)
-        return self._stores[t].contains
 
     def _eval_on_host(self, features: KeyedJaggedTensor) -> Optional[KeyedJaggedTensor]:
         """For an evaluation batch whose rows the cache cannot take now: the batch with its IDs on the host (for
@@ -195,7 +183,7 @@ class KeyValueRows(HashRows):
             pool = self._tbe.weights(t)
             rows[cached] = pool[slots[cached].to(pool.device)].float().cpu()
             below = (~cached).nonzero().squeeze(1)
-            stored, found = self._read_stored(t, unique[below])
+            stored, found = self._tier.read(t, unique[below])
             rows[below[found]] = stored[found, :cols].float()
             if not self._is_hash[t]:
                 fresh = below[~found]
@@ -204,24 +192,6 @@ class KeyValueRows(HashRows):
             for i, part in zip(features_of_t, torch.split(per_id, [per_feature[i].numel() for i in features_of_t])):
                 out[i] = part
         return out
-
-    def _rows_left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
-        # Every cached row was trained (eval lookups do not insert), so every evicted row is written back.
-        self._stores[t].put(ids, self.pack_rows(t, slots))
-        self._swaps[t]["swapped_out"] += ids.numel()
-
-    def _rows_arrived(self, t: int, assignment: Assignment) -> None:
-        rows, found = self._stores[t].pop(assignment.new_ids)
-        fresh = ~found
-        if bool(fresh.any()):
-            keys = assignment.new_ids[fresh]
-            if not self._is_hash[t]:
-                keys = keys + self._key_offsets[t]  # plain tables: initialised from the global row
-            rows[fresh] = 0.0
-            rows[fresh, : self._tbe.local_cols[t]] = self.initial_rows(t, keys)
-        self.unpack_rows(t, assignment.new_slots, rows)
-        self._swaps[t]["swapped_in"] += int(found.sum())
-        self._swaps[t]["initialised"] += int(fresh.sum())
 
     def export_rows(self, t: int) -> Any:
         """Every ID of table ``t``'s shard in any tier, its row (this shard's columns) and the first column."""
@@ -277,7 +247,7 @@ class KeyValueRows(HashRows):
     def shard_info(self, t: int) -> ShardInfo:
         """As :meth:`HashRows.shard_info`, with the shard's own (not cache-sized) table config and key kind."""
         return dataclasses.replace(
-            super().shard_info(t), table=self._shard_tables[t], hash_ids=self._is_hash[t], lower_tiers=True
+            super().shard_info(t), table=self._shard_tables[t], hash_ids=self._is_hash[t]
         )
 
     def shard_state(self, t: int) -> Dict[str, Any]:
@@ -289,31 +259,12 @@ class KeyValueRows(HashRows):
         super().restore_shard(t, records, state)
         self._swaps[t] = {**dict.fromkeys(self._swaps[t], 0), **state.get("swaps", {})}
 
-    def _stored_rows(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        return self._stores[t].chunks()
-
-    def _read_stored(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        store = self._stores[t]
-        promote, store.promote = store.promote, False  # a checkpoint read must not move rows between tiers
-        try:
-            return store.get(keys)
-        finally:
-            store.promote = promote
-
-    def _restore_stored(self, t: int, keys: torch.Tensor, rows: torch.Tensor) -> None:
-        store = self._stores[t]
-        held = [k for k, _ in store.chunks()]
-        if held:
-            store.remove(torch.cat(held))
-        if keys.numel():
-            store.put(keys, rows)
-
     def state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Dict[str, Any]:
         # TorchRec builds each table's ShardedTensor from this once, at sharding time: give it the shard's shape
         # without memory (the rows live in three tiers; the checkpoint Saver saves them).
         placeholders = [
-            zeros_without_memory(rows, cols)
-            for rows, cols in zip(self._shard_rows, self._tbe.local_cols)
+            zeros_without_memory(rows, cols, self._tbe.weights(t).dtype)
+            for t, (rows, cols) in enumerate(zip(self._shard_rows, self._tbe.local_cols))
         ]
         return get_state_dict(on_the_host(self._shard_tables), placeholders, self._tbe.process_group,
                               destination, prefix)
@@ -346,7 +297,7 @@ class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
                 return torch.cat(pooled, dim=1).to(features.values().device)
             device = features.values().device
             return vbe_layout(pooled, features.stride_per_key_per_rank(), vbe_output, vbe_output_offsets).to(device)
-        return BatchedFusedEmbeddingBag.forward(self, self.lookup_rows(features), vbe_output, vbe_output_offsets)
+        return pooled_lookup(self, self.lookup_rows(features), vbe_output, vbe_output_offsets)
 
     def _pooled_from_tiers(self, features: KeyedJaggedTensor, weights: Optional[torch.Tensor]) -> List[torch.Tensor]:
         """Per feature, its pooled rows ``[its samples, its dim]`` computed from :meth:`rows_from_tiers` (evaluation;
@@ -395,8 +346,8 @@ def vbe_layout(
     offsets: Optional[torch.Tensor],
 ) -> torch.Tensor:
     """Per-feature pooled rows in the TBE's variable-batch output layout: 1-D, rank-major, each (rank, feature)
-    block its ``[samples, dim]`` rows flattened; written at ``offsets[rank][feature]`` of ``out`` when TorchRec
-    preallocated one output for several kernels (then ``out`` is returned).
+    block its ``[samples, dim]`` rows flattened; placed at ``offsets[rank][feature]`` of ``out`` when TorchRec
+    preallocated one output for several kernels (see :func:`place_vbe_output`).
 
     Example::
 
@@ -405,14 +356,11 @@ def vbe_layout(
     blocks = [list(torch.split(p, ranks)) for p, ranks in zip(pooled, samples_per_rank)]
     world = len(samples_per_rank[0]) if samples_per_rank else 0
     flat = [blocks[f][r].flatten() for r in range(world) for f in range(len(blocks))]
+    own = torch.cat(flat) if flat else torch.zeros(0)
     if out is None:
-        return torch.cat(flat) if flat else torch.zeros(0)
+        return own
     assert offsets is not None, "TorchRec passes vbe_output_offsets with vbe_output"
-    with torch.no_grad():
-        starts = offsets.to("cpu").flatten().tolist()  # [rank][feature], rank-major as ``flat``
-        for start, block in zip(starts, flat):
-            out[start:start + block.numel()] = block.to(out.device, out.dtype)
-    return out
+    return place_vbe_output(own, samples_per_rank, [p.shape[1] for p in pooled], out, offsets)
 
 
 def cache_metrics(model: torch.nn.Module) -> Dict[str, Dict[str, int]]:
