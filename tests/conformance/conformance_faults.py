@@ -122,15 +122,15 @@ def _eviction_ids_patch() -> None:
 
 
 def _kv_optimizer_state_patch() -> None:
-    from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
+    from torchrec_ascend.kernels.key_value.tier import HostDiskTier
 
-    def _rows_left(self: Any, t: int, slots: Any, ids: Any) -> None:
-        rows = self.pack_rows(t, slots)
-        rows[:, self._local_cols[t]:] = 0.0
-        self._stores[t].put(ids, rows)
-        self._swaps[t]["swapped_out"] += ids.numel()
+    def left(self: Any, t: int, slots: Any, ids: Any) -> None:
+        rows = self._kernel.pack_rows(t, slots)
+        rows[:, self._kernel._tbe.local_cols[t]:] = 0.0
+        self.stores[t].put(ids, rows)
+        self.swaps[t]["swapped_out"] += ids.numel()
 
-    KeyValueRows._rows_left = _rows_left
+    HostDiskTier.left = left
 
 
 def _saver_row_patch() -> None:
@@ -179,7 +179,7 @@ FAULTS = {
     "drop_update": _drop_update,
     "hash_bucketizer": _hash_bucketizer,
     "eviction_ids": _after_import("torchrec_ascend.hash.slot_table", _eviction_ids_patch),
-    "kv_optimizer_state": _after_import("torchrec_ascend.kernels.key_value.kernel", _kv_optimizer_state_patch),
+    "kv_optimizer_state": _after_import("torchrec_ascend.kernels.key_value.tier", _kv_optimizer_state_patch),
     "saver_row": _after_import("torchrec_ascend.kernels.fused", _saver_row_patch),
     "dedup_reverse": _after_import("torchrec_ascend.sharders.index_dedup", _dedup_reverse_patch),
     "transfer_dropped": _after_import("torchrec_ascend.kernels.fused", _transfer_dropped_patch),

@@ -1,0 +1,93 @@
+"""Row tiers: where a hash kernel's rows go when they leave its pool, and come from when IDs arrive.
+
+A hash kernel (:class:`~torchrec_ascend.kernels.fused.HashRows`) keeps the rows of the IDs its slot tables hold in
+its pool (the TBE) and hands every other row question to its :class:`RowTier`: what happens to the rows of IDs that
+arrive in the pool and of IDs evicted from it, which IDs missing from the pool still have a row, and the rows held
+below the pool for checkpoints. FUSED and data_parallel kernels use :class:`PoolOnly` (no rows below the pool: an
+evicted ID is dropped, an arriving one initialised); KEY_VALUE uses
+:class:`~torchrec_ascend.kernels.key_value.tier.HostDiskTier` (a host store spilling to a disk store).
+
+Example::
+
+    tier = kernel.row_tier            # PoolOnly for a FUSED kernel
+    tier.lower_tiers, list(tier.stored(0))   # (False, [])
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, Tuple
+
+import torch
+
+from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.hash.slot_table import Assignment
+
+if TYPE_CHECKING:
+    from torchrec_ascend.kernels.fused import HashRows
+
+
+class RowTier(Protocol):
+    """What a hash kernel does with rows outside its pool; ``t`` is a table's index within the kernel.
+
+    Attributes:
+        lower_tiers: rows also live below the pool (checkpoints then carry records without a pool slot).
+    """
+
+    lower_tiers: bool
+
+    def known(self, t: int) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
+        """Which IDs missing from the pool have a row below it (a mask of the IDs given); None: no tier below."""
+
+    def arrived(self, t: int, assignment: Assignment) -> None:
+        """Fill the pool rows ``assignment.new_slots`` handed to ``assignment.new_ids`` (weights and state)."""
+
+    def left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
+        """Pool rows ``slots`` of ``ids`` are about to be freed by eviction."""
+
+    def stored(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """Every ``(keys, packed rows)`` held below the pool, in blocks."""
+
+    def read(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Packed rows of ``keys`` from below the pool, and which were found; moves nothing between tiers."""
+
+    def restore(self, t: int, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        """Make the tiers below the pool hold exactly ``keys`` with packed ``rows``."""
+
+
+class PoolOnly:
+    """The row tier of FUSED and data_parallel hash kernels: every row lives in the pool.
+
+    An arriving ID is new: its row gets the ID's initial values and zero optimizer state; an evicted ID is dropped
+    (the arriving ones overwrite its row).
+
+    Args:
+        kernel: the kernel whose pool the rows live in.
+    """
+
+    lower_tiers = False
+
+    def __init__(self, kernel: "HashRows") -> None:
+        self._kernel = kernel
+
+    def known(self, t: int) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
+        return None
+
+    def arrived(self, t: int, assignment: Assignment) -> None:
+        self._kernel.initialise_rows(t, assignment)
+
+    def left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
+        return None
+
+    def stored(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        return iter(())
+
+    def read(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        width = self._kernel.row_width(t)
+        return torch.zeros(keys.numel(), width), torch.zeros(keys.numel(), dtype=torch.bool)
+
+    def restore(self, t: int, keys: torch.Tensor, rows: torch.Tensor) -> None:
+        if keys.numel():
+            raise ConfigError(
+                f"table {self._kernel.slot_table(t).table!r}: {keys.numel()} rows to restore have no pool slot, but "
+                "a FUSED table keeps every row in its pool; restore them with pool slots"
+            )
