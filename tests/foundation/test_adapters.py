@@ -64,8 +64,8 @@ def _touched(path: Path, names: set) -> list:
     return hits
 
 
-@pytest.mark.parametrize("folder", ["pipeline", "sharders"])
-def test_the_pipeline_and_sharders_touch_torchrec_privates_only_through_adapters(folder):
+@pytest.mark.parametrize("folder", ["pipeline", "sharders", "kernels", "kernels/key_value", "checkpoint"])
+def test_the_pipeline_sharders_kernels_and_checkpoints_touch_torchrec_privates_only_through_adapters(folder):
     declared = {p.rpartition(".")[2].rpartition(":")[2] for a in adapters.adapters() for p in a.privates}
     hits = [hit for path in sorted((PACKAGE / folder).glob("*.py")) for hit in _touched(path, declared)]
     assert hits == []
