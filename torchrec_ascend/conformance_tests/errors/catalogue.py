@@ -194,9 +194,9 @@ def _pipeline(**options: Any) -> Callable[[Path], Any]:
 
 def _old_torchrec(_: Path) -> None:
     from torchrec_ascend import HybridTrainPipelineSparseDist
-    from torchrec_ascend.pipeline import hybrid
+    from torchrec_ascend.adapters import requirements
 
-    with mock.patch.object(hybrid, "version", lambda name: "1.6.0"):
+    with mock.patch.object(requirements, "installed_version", lambda name: "1.6.0"):
         HybridTrainPipelineSparseDist(torch.nn.Linear(1, 1), torch.optim.SGD([torch.zeros(1)], lr=0.1),
                                       torch.device("cpu"))
 
@@ -395,7 +395,7 @@ CATALOGUE: List[BadInput] = [
     BadInput("devices", "npu_without_torch_npu", "`TORCHREC_ASCEND_DEVICE=npu` without torch_npu installed",
              BackendError, "importing its stack failed", _npu_without_torch_npu),
     BadInput("versions", "unsupported_torchrec", "HybridTrainPipelineSparseDist on an unsupported torchrec",
-             ConfigError, "torchrec 1.6.0 is installed", _old_torchrec),
+             ConfigError, "torchrec 1.6.0 is outside the supported range", _old_torchrec),
     BadInput("versions", "newer_checkpoint", "loading a checkpoint of a newer format version", StorageError,
              "upgrade torchrec-ascend", _checkpoint(_set(["format_version"], 99))),
     BadInput("checkpoints", "path_escape", "a checkpoint whose metadata names `../elsewhere/...` or `/abs/path`",
