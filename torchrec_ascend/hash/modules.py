@@ -21,14 +21,15 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple, Union, cast
+import itertools
+from typing import Any, Callable, List, Optional, Tuple, Union, cast
 
 import torch
 from torchrec.modules.embedding_configs import pooling_type_to_str
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.errors import ConfigError, check_non_negative_ids
 from torchrec_ascend.hash.configs import HashEmbeddingBagConfig, HashEmbeddingConfig, is_hash_config
 from torchrec_ascend.hash.slot_table import SlotTable
 from torchrec_ascend.native import ops
@@ -57,49 +58,60 @@ class _HashRowsModule(torch.nn.Module):
 
             lookup.assign_batch([kjt["f"].values(), kjt["g"].values()])   # f and g share the table
         """
-        slots = self._assign(torch.cat(per_feature) if per_feature else torch.empty(0, dtype=torch.int64))
+        sizes = [ids.numel() for ids in per_feature]
+        slots = self._assign(torch.cat(per_feature) if per_feature else torch.empty(0, dtype=torch.int64),
+                             lambda: list(itertools.accumulate(sizes)))
         self._batch_rows = [
             ((ids.data_ptr(), ids.numel()), part)
             for ids, part in zip(per_feature, torch.split(slots, [ids.numel() for ids in per_feature]))
         ]
 
     def rows_for(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of ``ids``, inserting new IDs in training (their rows initialised from (seed, ID, column)); the rows
-        :meth:`assign_batch` chose for them if it ran for this batch."""
+        """Rows of ``ids`` (on the host), inserting new IDs in training (their rows initialised from (seed, ID,
+        column)); the rows :meth:`assign_batch` chose for them if it ran for this batch."""
         pending = getattr(self, "_batch_rows", None)
         if pending and pending[0][0] == (ids.data_ptr(), ids.numel()):
             return pending.pop(0)[1]
         self._batch_rows = []
-        return self._assign(ids)
+        return self._assign(ids, lambda: [ids.numel()] * len(self.features))
 
-    def _assign(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.numel() and int(ids.min()) < 0:
-            raise ValueError(
-                f"hash table {self.table!r}, feature {' or '.join(map(repr, self.features))}: IDs must be "
-                f"non-negative int64, got {int(ids.min())}. Map negative IDs to non-negative ones "
-                "(e.g. x & (2**63 - 1)) before the lookup."
-            )
-        assignment = self.slots.assign(ids.long(), training=self.training)
+    def _assign(self, ids: torch.Tensor, ends: Callable[[], List[int]]) -> torch.Tensor:
+        """Host rows of ``ids`` (feature-major, each feature's segment ending at ``ends()``): the ID map and the
+        policies are host work, so device IDs cross to the host in one copy, checked there (no device sync)."""
+        on_host = ids.to("cpu")
+        check_non_negative_ids(on_host, self.features, ends, lambda _: self.table)
+        assignment = self.slots.assign(on_host.long(), training=self.training)
         if assignment.new_slots.numel():
             low, high = self.init_range
+            device = self.weight.device
+            initial = ops.hash_uniform_init(assignment.new_ids, self.spec.init_seed, self.weight.shape[1], low, high)
             with torch.no_grad():
-                self.weight[assignment.new_slots] = ops.hash_uniform_init(
-                    assignment.new_ids, self.spec.init_seed, self.weight.shape[1], low, high
-                )
+                self.weight[assignment.new_slots.to(device, non_blocking=True)] = initial.to(
+                    device, self.weight.dtype, non_blocking=True)
         return assignment.slots
 
     def table_and_rows(self, ids: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The table to look ``ids`` up in, and their rows of it: ``weight`` and the IDs' rows; or, when some IDs
-        read the reserved default row (rejected, or unknown in eval), only the batch's distinct rows (gathered from
-        ``weight``, the default row as ``not_admitted_value``) and each ID's index among them."""
-        rows = self.rows_for(ids)
-        default = rows == self.slots.default_slot
-        if not bool(default.any()):
-            return self.weight, rows
+        """The table to look ``ids`` up in, and their rows of it (on ``ids``' device, one host-to-device copy):
+        ``weight`` and the IDs' rows; or, when some IDs read the reserved default row (rejected, or unknown in
+        eval), only the batch's distinct rows (gathered from ``weight``, the default row as ``not_admitted_value``)
+        and each ID's index among them."""
+        rows = self.rows_for(ids)  # on the host: the checks below read no device memory
+        if not bool((rows == self.slots.default_slot).any()):
+            return self.weight, rows.to(ids.device, non_blocking=True)
         distinct, index = torch.unique(rows, return_inverse=True)
+        distinct = distinct.to(self.weight.device, non_blocking=True)
         gathered = self.weight[distinct.clamp(max=self.weight.shape[0] - 1)]
         return torch.where((distinct == self.slots.default_slot).unsqueeze(1), self.spec.not_admitted_value,
-                           gathered), index
+                           gathered), index.to(ids.device, non_blocking=True)
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> "_HashRowsModule":
+        """``.to(device)`` / casts move the weight; the slot table stays on the host (its ID map is a host op)."""
+        slots = self._modules["slots"]
+        self._modules["slots"] = None  # skipped by nn.Module._apply; the key keeps its place (state_dict order)
+        try:
+            return cast("_HashRowsModule", super()._apply(fn, recurse))
+        finally:
+            self._modules["slots"] = slots
 
 
 class HashEmbeddingBag(_HashRowsModule):

@@ -78,7 +78,7 @@ def build(case: Dict[str, Any], pg: Any, directory: str, **item_options: Any) ->
     module = make_module(**item_options)
     sharding_type = case.get("sharding_type", "unsharded")
     if sharding_type == "unsharded":
-        return module
+        return module.to(script_device())
     if case["kind"] != "small_cache":
         return shard(module, sharding_type, pg)
     key_value = {"cache_params": CacheParams(load_factor=case["cache_rows"] / CAPACITY),
