@@ -523,6 +523,41 @@ def hash_modules() -> Dict[str, Any]:
     return facts
 
 
+def sharded_tensor_device() -> Dict[str, Any]:
+    """ShardedTensor.device on 2 emulated-npu ranks where rank 1 holds no shard (patch h5.sharded_tensor_device)."""
+    return _two_ranks(_sharded_tensor_rank)
+
+
+def _sharded_tensor_rank(rank: int, store_file: str, queue: Any) -> None:
+    import torch.distributed as dist
+
+    emulated_npu.install()
+    import torchrec  # noqa: F401  # the patch registry applies its entries
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardMetadata
+    from torch.distributed._shard.sharded_tensor._ops.tensor_ops import tensor_device
+
+    torch.npu.set_device(rank)
+    store = dist.FileStore(store_file, 2)
+    dist.init_process_group(f"cpu:gloo,npu:{emulated_npu.COLLECTIVE_BACKEND}", store=store, rank=rank, world_size=2)
+
+    def table(group: Any, device: str) -> Any:
+        shards = [Shard(torch.ones(4, 2, device=device), ShardMetadata([0, 0], [4, 2], f"rank:0/{device}"))]
+        return ShardedTensor._init_from_local_shards(shards if rank == 0 else [], [4, 2], process_group=group)
+
+    on_npu = table(None, "npu:0")
+    gloo = dist.new_group([0, 1], backend="gloo")
+    on_gloo = table(gloo, "cpu")
+    facts = {
+        "device": str(on_npu.device),
+        "torch_op": _error(lambda: tensor_device(None, (on_npu,), None, on_npu._process_group)),
+        "gloo_device": str(on_gloo.device),
+    }
+    dist.barrier()
+    dist.destroy_process_group()
+    queue.put((rank, facts))
+    os._exit(0)
+
+
 PROGRAMS: Dict[str, Callable[[], Dict[str, Any]]] = {
     "activation": activation,
     "pipeline": pipeline,
@@ -533,6 +568,7 @@ PROGRAMS: Dict[str, Callable[[], Dict[str, Any]]] = {
     "tbe": tbe,
     "ebc": ebc,
     "hash_modules": hash_modules,
+    "sharded_tensor_device": sharded_tensor_device,
 }
 
 

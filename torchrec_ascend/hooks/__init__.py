@@ -9,7 +9,8 @@ One module per hook point (see README, "How TorchRec is hooked"):
 * H5 :mod:`.process_group`: ``DistributedModelParallel.copy()`` on builds without NCCL, and other PG plumbing;
   :mod:`.uneven_collectives`: uneven reduce-scatter backward on backends that gather equal sizes only (gloo).
 * H6 :mod:`.sparse_ops`: fbgemm ops for devices that lack a kernel (host round trip): a registry entry
-  (:func:`registrations`) that changes the op dispatcher, not TorchRec source.
+  (:func:`registrations`) that changes the op dispatcher, not TorchRec source; so does
+  :mod:`.sharded_tensor_device` (H5): torch's ShardedTensor ``.device`` op for ranks without shards on the NPU.
 * :mod:`.hash_tables`: hash tables inside stock EmbeddingBagCollection/EmbeddingCollection and default sharders.
 """
 
@@ -22,9 +23,9 @@ from torchrec_ascend.injection.patch import Patch
 
 def registrations() -> List[Patch]:
     """Registry entries that are not TorchRec patches (no TorchRec target, nothing to review): applied first."""
-    from torchrec_ascend.hooks import sparse_ops
+    from torchrec_ascend.hooks import sharded_tensor_device, sparse_ops
 
-    return list(sparse_ops.REGISTRATIONS)
+    return [*sparse_ops.REGISTRATIONS, *sharded_tensor_device.REGISTRATIONS]
 
 
 def default_patches() -> List[Patch]:
