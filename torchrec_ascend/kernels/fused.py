@@ -27,12 +27,10 @@ lookup reuses its rows. On the CPU every copy is a no-op.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import itertools
 import math
-import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, cast
 
 import torch
@@ -48,6 +46,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, HashTableSpec, hash_spec_of
 from torchrec_ascend.hash.slot_table import Assignment, SlotTable
+from torchrec_ascend.kernels.id_mapper import IdMapper, with_values
 from torchrec_ascend.kernels.row_tier import PoolOnly, RowTier
 from torchrec_ascend.native import ops
 
@@ -107,21 +106,6 @@ def with_block_rows(table: Any, rows_of: Callable[[int], int]) -> Any:
     return dataclasses.replace(
         table, local_rows=rows[table.local_metadata.shard_offsets[0]], num_embeddings=total,
         local_metadata=remap(table.local_metadata), global_metadata=metadata,
-    )
-
-
-def with_values(features: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJaggedTensor:
-    """``features`` with ``values`` replaced (same keys, lengths, weights and variable-batch layout)."""
-    return KeyedJaggedTensor(
-        keys=features.keys(),
-        values=values,
-        weights=features.weights_or_none(),
-        lengths=features.lengths(),
-        offsets=features.offsets(),
-        stride_per_key_per_rank=features.stride_per_key_per_rank() if features.variable_stride_per_key() else None,
-        stride=None if features.variable_stride_per_key() else features.stride(),
-        length_per_key=features.length_per_key(),
-        offset_per_key=features.offset_per_key(),
     )
 
 
@@ -200,96 +184,24 @@ class HashRows:
         self._table_names = [t.name for t in config.embedding_tables]
         self._feature_names = [f for t in config.embedding_tables for f in t.feature_names]
         self._init_ranges = [(t.get_weight_init_min(), t.get_weight_init_max()) for t in config.embedding_tables]
+        self._mapper = IdMapper(self._slot_tables, self._feature_names, self._tbe.feature_table_map,
+                                self._map_on_host, self._write_default_row)
         # TorchRec's prefetch (called for KEY_VALUE tables by prefetching pipelines) hands the TBE raw IDs, which
-        # fbgemm's bounds check would clamp in place: it comes to us instead (see prefetch_ids).
-        self._tbe.route_prefetch(self.prefetch_ids)
-        self._pipeline_depth = 1
-        # Prefetched batches by their IDs tensor (kept alive, so its address stays unique): (ids, rows, pinned slots);
-        # rows and pins None: the batch could not be prefetched and is mapped at its lookup (and so is every later one).
-        self._prefetched: "collections.OrderedDict[Tuple[int, int], Tuple[Any, Any, Any]]" = collections.OrderedDict()
-        self._in_compute: List[torch.Tensor] = []  # pinned slots of the batch between its lookup and the next
-        self._prefetching = False  # set by the first prefetch: from then on lookups pin their batch's rows
-        self._rows_lock = threading.Lock()  # prefetch (a host thread) and lookup (the compute thread) both map IDs
-        self.prefetched_batches = 0  # lookups that found their rows ready
+        # fbgemm's bounds check would clamp in place: it comes to the ID mapper instead (see IdMapper.prefetch).
+        self._tbe.route_prefetch(self._mapper.prefetch)
 
     def set_pipeline_depth(self, depth: int) -> None:
-        """Accept any depth: pins follow the batches actually in flight (see :meth:`prefetch_ids`)."""
-        self._pipeline_depth = max(1, int(depth))
+        """Accept any depth: pins follow the batches actually in flight (see :meth:`IdMapper.prefetch`)."""
+        self._mapper.set_pipeline_depth(depth)
 
-    def prefetch_ids(
-        self,
-        indices: torch.Tensor,
-        offsets: torch.Tensor,
-        forward_stream: Any = None,
-        batch_size_per_feature_per_rank: Any = None,
-    ) -> None:
-        """TorchRec's prefetch: choose this batch's rows now (KEY_VALUE: swap them in), ahead of its lookup.
-
-        Called in batch order with the group's raw IDs (TorchRec's feature-major TBE layout). The batch's rows stay
-        pinned until the lookup after its own (by then its backward is done), so a later batch never evicts a row a
-        batch in flight uses: the protection window is exactly the batches in flight, whatever the pipeline depth.
-        If the cache cannot hold one more batch's rows next to the pinned ones, this batch (and the ones after it,
-        keeping the order) are mapped at their lookup instead; results are identical either way.
-        """
-        if batch_size_per_feature_per_rank is not None or not self._feature_names:
-            return  # variable batch sizes: rows are chosen in the lookup
-        # The batch's IDs and offsets cross to the host once (this runs on the pipeline's host thread).
-        on_host = KeyedJaggedTensor(keys=self._feature_names, values=indices.to("cpu"), offsets=offsets.to("cpu"))
-        self._prefetching = True
-        key = (indices.data_ptr(), indices.numel())
-        with self._rows_lock:
-            waiting = any(rows is None for _, rows, _ in self._prefetched.values())
-            if waiting or not all(t.can_fit(ids) for t, ids in zip(self._slot_tables, self._ids_per_table(on_host))):
-                self._prefetched[key] = (indices, None, None)  # later batches must not take rows this one needs first
-            else:
-                rows, slots = self._map_on_host(on_host, indices.device)
-                self._prefetched[key] = (indices, rows, self._pin(slots))
-            while len(self._prefetched) > self._pipeline_depth + 1:  # batches a pipeline dropped (detach, end)
-                pinned = self._prefetched.popitem(last=False)[1][2]
-                if pinned is not None:
-                    self._release(pinned)
+    @property
+    def prefetched_batches(self) -> int:
+        """Lookups that found their rows ready (mapped by a prefetch)."""
+        return self._mapper.prefetched_batches
 
     def lookup_rows(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """``features`` with raw IDs replaced by rows: the prefetched ones, or chosen now."""
-        if not self._prefetching:  # no pipeline prefetches this kernel: nothing is in flight to pin against
-            return self.map_ids(features)
-        values = features.values()
-        with self._rows_lock:
-            self._release(self._in_compute)  # the previous batch's backward is done: its rows may go
-            self._in_compute = []
-            ready = self._prefetched.pop((values.data_ptr(), values.numel()), None)
-            if ready is not None and ready[1] is not None and (ready[0] is values or torch.equal(ready[0], values)):
-                for t in range(len(self._slot_tables)):
-                    self._write_default_row(t)  # the previous backward may have moved it since the prefetch
-                self.prefetched_batches += 1
-                mapped, self._in_compute = with_values(features, ready[1]), ready[2]
-            else:
-                if ready is not None and ready[2] is not None:
-                    self._release(ready[2])
-                rows, slots = self._map_on_host(with_values(features, values.to("cpu")), values.device)
-                mapped = with_values(features, rows)
-                self._in_compute = self._pin(slots)
-            return mapped
-
-    def _ids_per_table(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
-        per_feature = torch.split(features.values(), features.length_per_key())
-        return [
-            torch.cat([per_feature[i] for i, ft in enumerate(self._tbe.feature_table_map) if ft == t] or [_EMPTY])
-            for t in range(len(self._slot_tables))
-        ]
-
-    def _pin(self, mapped: KeyedJaggedTensor) -> List[torch.Tensor]:
-        """Pin the rows of ``mapped`` (slots on the host, per feature) until :meth:`_release`."""
-        pinned = []
-        for table, slots in zip(self._slot_tables, self._ids_per_table(mapped)):
-            slots = torch.unique(slots[slots != table.default_slot])
-            table.pin(slots)
-            pinned.append(slots)
-        return pinned
-
-    def _release(self, pinned: List[torch.Tensor]) -> None:
-        for table, slots in zip(self._slot_tables, pinned):
-            table.pin(slots, -1)
+        """``features`` with raw IDs replaced by rows: the prefetched ones, or chosen now (see :class:`IdMapper`)."""
+        return self._mapper.lookup(features)
 
     def hash_stats(self) -> Dict[str, Dict[str, int]]:
         """Per-table counters of the slot tables (lookups, hits, inserted, evicted, rejected, size...)."""
@@ -307,8 +219,7 @@ class HashRows:
         The IDs cross to the host once and the rows come back once (see the module docstring); the result's values
         are on ``features``' device.
         """
-        values = features.values()
-        return with_values(features, self._map_on_host(with_values(features, values.to("cpu")), values.device)[0])
+        return self._mapper.map_now(features)
 
     def _map_on_host(self, on_host: KeyedJaggedTensor, device: torch.device) -> Tuple[torch.Tensor, KeyedJaggedTensor]:
         """Map ``on_host`` (a batch's raw IDs on the host): its rows on ``device`` (one host-to-device copy), and

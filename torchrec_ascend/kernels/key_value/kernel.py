@@ -152,7 +152,7 @@ class KeyValueRows(HashRows):
 
     def _fits(self, features: KeyedJaggedTensor) -> bool:
         """Whether the cache can take this batch's rows now (the rows of batches in flight stay pinned)."""
-        return all(t.can_fit(ids) for t, ids in zip(self._slot_tables, self._ids_per_table(features)))
+        return self._mapper.fits(features)
 
     def rows_from_tiers(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
         """Per feature, the current row of each of its IDs (this shard's columns), read from whichever tier holds it.

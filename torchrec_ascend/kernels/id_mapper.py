@@ -1,0 +1,167 @@
+"""A hash kernel's ID mapper: its batches' raw IDs to pool rows, now or ahead of the lookup (prefetch), with pins.
+
+The mapper owns the order in which batches take rows: a prefetching pipeline maps a batch on its host thread ahead
+of the batch's lookup, and the rows of every batch in flight stay pinned (never evicted) until the lookup after its
+own; one lock serialises the two threads. The mapping itself (slot tables, then the kernel's row tier and pool) is
+the kernel's ``map_on_host``.
+
+Example::
+
+    mapper = IdMapper(slot_tables, ["f1", "f2"], [0, 0], kernel._map_on_host, kernel._write_default_row)
+    mapper.prefetch(indices, offsets)     # the pipeline, ahead of the batch
+    rows = mapper.lookup(features)        # the forward: the prefetched rows, or mapped now
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Callable, List, Sequence, Tuple
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend.hash.slot_table import SlotTable
+
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+#: A kernel's mapping of a batch's raw IDs on the host: (the rows on ``device``, the batch with rows on the host).
+MapOnHost = Callable[[KeyedJaggedTensor, torch.device], Tuple[torch.Tensor, KeyedJaggedTensor]]
+
+
+def with_values(features: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJaggedTensor:
+    """``features`` with ``values`` replaced (same keys, lengths, weights and variable-batch layout)."""
+    return KeyedJaggedTensor(
+        keys=features.keys(),
+        values=values,
+        weights=features.weights_or_none(),
+        lengths=features.lengths(),
+        offsets=features.offsets(),
+        stride_per_key_per_rank=features.stride_per_key_per_rank() if features.variable_stride_per_key() else None,
+        stride=None if features.variable_stride_per_key() else features.stride(),
+        length_per_key=features.length_per_key(),
+        offset_per_key=features.offset_per_key(),
+    )
+
+
+class IdMapper:
+    """Raw IDs -> pool rows for one kernel, with prefetch and pins.
+
+    Args:
+        slot_tables: the kernel's slot tables, one per table.
+        feature_names: the kernel's features, in its (TorchRec's feature-major) order.
+        feature_table_map: per feature, its table's index.
+        map_on_host: maps a batch whose IDs are on the host (see :data:`MapOnHost`).
+        write_default_row: rewrites table ``t``'s reserved default row (training may have moved it).
+    """
+
+    def __init__(
+        self,
+        slot_tables: Sequence[SlotTable],
+        feature_names: List[str],
+        feature_table_map: List[int],
+        map_on_host: MapOnHost,
+        write_default_row: Callable[[int], None],
+    ) -> None:
+        self._slot_tables = slot_tables
+        self._feature_names = feature_names
+        self._table_of_feature = feature_table_map
+        self._map_on_host = map_on_host
+        self._write_default_row = write_default_row
+        self._pipeline_depth = 1
+        # Prefetched batches by their IDs tensor (kept alive, so its address stays unique): (ids, rows, pinned slots);
+        # rows and pins None: the batch could not be prefetched and is mapped at its lookup (and so is every later one).
+        self._prefetched: "collections.OrderedDict[Tuple[int, int], Tuple[Any, Any, Any]]" = collections.OrderedDict()
+        self._in_compute: List[torch.Tensor] = []  # pinned slots of the batch between its lookup and the next
+        self._prefetching = False  # set by the first prefetch: from then on lookups pin their batch's rows
+        self._rows_lock = threading.Lock()  # prefetch (a host thread) and lookup (the compute thread) both map IDs
+        self.prefetched_batches = 0  # lookups that found their rows ready
+
+    def set_pipeline_depth(self, depth: int) -> None:
+        """Accept any depth: pins follow the batches actually in flight (see :meth:`prefetch`)."""
+        self._pipeline_depth = max(1, int(depth))
+
+    def prefetch(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        forward_stream: Any = None,
+        batch_size_per_feature_per_rank: Any = None,
+    ) -> None:
+        """TorchRec's prefetch: choose this batch's rows now (KEY_VALUE: swap them in), ahead of its lookup.
+
+        Called in batch order with the group's raw IDs (TorchRec's feature-major TBE layout). The batch's rows stay
+        pinned until the lookup after its own (by then its backward is done), so a later batch never evicts a row a
+        batch in flight uses: the protection window is exactly the batches in flight, whatever the pipeline depth.
+        If the cache cannot hold one more batch's rows next to the pinned ones, this batch (and the ones after it,
+        keeping the order) are mapped at their lookup instead; results are identical either way.
+        """
+        if batch_size_per_feature_per_rank is not None or not self._feature_names:
+            return  # variable batch sizes: rows are chosen in the lookup
+        # The batch's IDs and offsets cross to the host once (this runs on the pipeline's host thread).
+        on_host = KeyedJaggedTensor(keys=self._feature_names, values=indices.to("cpu"), offsets=offsets.to("cpu"))
+        self._prefetching = True
+        key = (indices.data_ptr(), indices.numel())
+        with self._rows_lock:
+            waiting = any(rows is None for _, rows, _ in self._prefetched.values())
+            if waiting or not self.fits(on_host):
+                self._prefetched[key] = (indices, None, None)  # later batches must not take rows this one needs first
+            else:
+                rows, slots = self._map_on_host(on_host, indices.device)
+                self._prefetched[key] = (indices, rows, self._pin(slots))
+            while len(self._prefetched) > self._pipeline_depth + 1:  # batches a pipeline dropped (detach, end)
+                pinned = self._prefetched.popitem(last=False)[1][2]
+                if pinned is not None:
+                    self._release(pinned)
+
+    def lookup(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """``features`` with raw IDs replaced by rows: the prefetched ones, or chosen now."""
+        if not self._prefetching:  # no pipeline prefetches this kernel: nothing is in flight to pin against
+            return self.map_now(features)
+        values = features.values()
+        with self._rows_lock:
+            self._release(self._in_compute)  # the previous batch's backward is done: its rows may go
+            self._in_compute = []
+            ready = self._prefetched.pop((values.data_ptr(), values.numel()), None)
+            if ready is not None and ready[1] is not None and (ready[0] is values or torch.equal(ready[0], values)):
+                for t in range(len(self._slot_tables)):
+                    self._write_default_row(t)  # the previous backward may have moved it since the prefetch
+                self.prefetched_batches += 1
+                mapped, self._in_compute = with_values(features, ready[1]), ready[2]
+            else:
+                if ready is not None and ready[2] is not None:
+                    self._release(ready[2])
+                rows, slots = self._map_on_host(with_values(features, values.to("cpu")), values.device)
+                mapped = with_values(features, rows)
+                self._in_compute = self._pin(slots)
+            return mapped
+
+    def map_now(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """``features`` with raw IDs replaced by rows chosen now (nothing pinned); the values on their device."""
+        values = features.values()
+        return with_values(features, self._map_on_host(with_values(features, values.to("cpu")), values.device)[0])
+
+    def fits(self, features: KeyedJaggedTensor) -> bool:
+        """Whether the pools can take these (host) IDs' rows now, next to the pinned rows of batches in flight."""
+        return all(t.can_fit(ids) for t, ids in zip(self._slot_tables, self.ids_per_table(features)))
+
+    def ids_per_table(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
+        """Per table, the values of its features, concatenated in feature order."""
+        per_feature = torch.split(features.values(), features.length_per_key())
+        return [
+            torch.cat([per_feature[i] for i, ft in enumerate(self._table_of_feature) if ft == t] or [_EMPTY])
+            for t in range(len(self._slot_tables))
+        ]
+
+    def _pin(self, mapped: KeyedJaggedTensor) -> List[torch.Tensor]:
+        """Pin the rows of ``mapped`` (slots on the host, per feature) until :meth:`_release`."""
+        pinned = []
+        for table, slots in zip(self._slot_tables, self.ids_per_table(mapped)):
+            slots = torch.unique(slots[slots != table.default_slot])
+            table.pin(slots)
+            pinned.append(slots)
+        return pinned
+
+    def _release(self, pinned: List[torch.Tensor]) -> None:
+        for table, slots in zip(self._slot_tables, pinned):
+            table.pin(slots, -1)
