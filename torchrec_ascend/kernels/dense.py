@@ -25,7 +25,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import HashTableSpec, hash_spec_of
-from torchrec_ascend.kernels.fused import HashRows, with_reserved_rows, with_values, without_hash_params
+from torchrec_ascend.kernels.fused import HashRows, with_values
+from torchrec_ascend.kernels.tbe_config import with_reserved_rows, without_hash_params
 
 
 class SequenceDenseEmbedding(BatchedDenseEmbedding):

@@ -53,11 +53,11 @@ from torchrec_ascend.kernels.fused import (
     ShardRows,
     place_vbe_output,
     pooled_lookup,
-    with_block_rows,
     with_values,
 )
 from torchrec_ascend.kernels.key_value.key_index import reserve
 from torchrec_ascend.kernels.key_value.tier import HostDiskTier
+from torchrec_ascend.kernels.tbe_config import with_block_rows
 from torchrec_ascend.kernels.walk import sharded_kernels
 from torchrec_ascend.native import ops
 
