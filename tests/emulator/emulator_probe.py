@@ -558,6 +558,49 @@ def _sharded_tensor_rank(rank: int, store_file: str, queue: Any) -> None:
     os._exit(0)
 
 
+def dense_kernels() -> Dict[str, Any]:
+    """TorchRec's pooled dense (data_parallel) kernel built for the emulated npu (h2.dense_pooled_device) vs the CPU."""
+    emulated_npu.install()
+    from torchrec.distributed.batched_embedding_kernel import BatchedDenseEmbeddingBag
+    from torchrec.distributed.embedding_types import (
+        EmbeddingComputeKernel,
+        GroupedEmbeddingConfig,
+        ShardedEmbeddingTable,
+    )
+    from torchrec.modules.embedding_configs import DataType, PoolingType
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    tables = [ShardedEmbeddingTable(name=name, embedding_dim=4, num_embeddings=rows, feature_names=[f"f_{name}"],
+                                    local_rows=rows, local_cols=4, pooling=PoolingType.SUM, data_type=DataType.FP32)
+              for name, rows in (("a", 10), ("b", 6))]
+    config = GroupedEmbeddingConfig(data_type=DataType.FP32, pooling=PoolingType.SUM, is_weighted=False,
+                                    has_feature_processor=False, compute_kernel=EmbeddingComputeKernel.DENSE,
+                                    embedding_tables=tables)
+
+    def batch() -> KeyedJaggedTensor:
+        return KeyedJaggedTensor.from_lengths_sync(keys=["f_a", "f_b"], values=torch.tensor([1, 2, 9, 5, 0]),
+                                                   lengths=torch.tensor([2, 1, 1, 1]))
+
+    facts: Dict[str, Any] = {}
+    for name, cls in (("pooled", BatchedDenseEmbeddingBag),):
+        cpu, npu = cls(config, None, torch.device("cpu")), cls(config, None, torch.device("npu"))
+        with torch.no_grad():
+            npu.emb_module.weights.copy_(cpu.emb_module.weights.to("npu"))
+        expected, got = cpu(batch()), npu(batch().to("npu"))
+        (expected * expected).sum().backward()
+        (got * got).sum().backward()
+        facts[name] = {
+            "parameters": sorted({str(p.device) for p in npu.parameters()}),
+            "per_table": sorted({str(p.device) for p in npu._param_per_table.values()}),
+            "state_dict": sorted({str(t.device) for t in npu.state_dict().values()}),
+            "output": [str(got.device), torch.equal(expected, got.cpu())],
+            "grad": [str(npu.emb_module.weights.grad.device),
+                     torch.equal(cpu.emb_module.weights.grad, npu.emb_module.weights.grad.cpu())],
+            "cpu_kernel": str(cpu.emb_module.weights.device),
+        }
+    return facts
+
+
 PROGRAMS: Dict[str, Callable[[], Dict[str, Any]]] = {
     "activation": activation,
     "pipeline": pipeline,
@@ -569,6 +612,7 @@ PROGRAMS: Dict[str, Callable[[], Dict[str, Any]]] = {
     "ebc": ebc,
     "hash_modules": hash_modules,
     "sharded_tensor_device": sharded_tensor_device,
+    "dense_kernels": dense_kernels,
 }
 
 

@@ -3,7 +3,8 @@
 One module per hook point (see README, "How TorchRec is hooked"):
 
 * H1 :mod:`.sharding_allowlist`: sharding types, compute kernels and planner device aliasing per device.
-* H2 :mod:`.kernel_factory`: which kernel class a lookup builds (our hash, KEY_VALUE and device-fix kernels).
+* H2 :mod:`.kernel_factory`: which kernel class a lookup builds (our hash, KEY_VALUE and device-fix kernels);
+  :mod:`.dense_device`: the stock dense (data_parallel) kernels keep their table on the NPU.
 * H3 :mod:`.planner_constants`: bandwidths for (device, kernel) pairs TorchRec has no figure for.
 * H4 :mod:`.pipeline_streams`: streams for train pipelines and ``record_stream`` after collectives.
 * H5 :mod:`.process_group`: ``DistributedModelParallel.copy()`` on builds without NCCL, and other PG plumbing;
@@ -31,6 +32,7 @@ def registrations() -> List[Patch]:
 def default_patches() -> List[Patch]:
     """Every patch torchrec-ascend applies, in application order."""
     from torchrec_ascend.hooks import (
+        dense_device,
         hash_tables,
         kernel_factory,
         pipeline_streams,
@@ -43,6 +45,7 @@ def default_patches() -> List[Patch]:
     return [
         *sharding_allowlist.PATCHES,
         *kernel_factory.PATCHES,
+        *dense_device.PATCHES,
         *planner_constants.PATCHES,
         *pipeline_streams.PATCHES,
         *process_group.PATCHES,

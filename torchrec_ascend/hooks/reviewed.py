@@ -275,5 +275,12 @@ REVIEWED = {
             "1.8.0": "878bc61d072de088",
             "1.9.2": "a7bd032ea8e7feb0"
         }
+    },
+    "h2.dense_pooled_device": {
+        "target": "torchrec.distributed.batched_embedding_kernel:BatchedDenseEmbeddingBag.__init__",
+        "digests": {
+            "1.8.0": "6e4f57846ca1e759",
+            "1.9.2": "6e4f57846ca1e759"
+        }
     }
 }

@@ -69,8 +69,15 @@ def _kernel(op: Any) -> Any:
     return run
 
 
+# Ops whose CPU kernel builds its own autograd graph (no AutogradCPU kernel): fbgemm's dense TBE lookup, which
+# TorchRec's data_parallel kernels call; on the emulator its host kernel ran below autograd and dropped the gradient.
+_AUTOGRAD_IN_CPU_KERNEL = ("fbgemm::dense_embedding_codegen_lookup_function",)
+
+
 def _covered(name: str) -> bool:
     has = torch._C._dispatch_has_kernel_for_dispatch_key
+    if name in _AUTOGRAD_IN_CPU_KERNEL:
+        return not has(name, "AutogradPrivateUse1")
     if not has(name, "AutogradCPU") or has(name, "AutogradPrivateUse1") or has(name, "Autograd"):
         return False
     schema = torch._C._get_schema(name, "")
