@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any, Dict
 
 import pytest
+import torch
 
 from fresh_interpreter import run_python
+from torchrec_ascend.conformance_tests.stock.case_loop import devices_of
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,3 +37,15 @@ def test_dense_kernel_lives_on_the_device(facts: Dict[str, Any], kind: str) -> N
 def test_dense_kernel_matches_the_cpu_kernel(facts: Dict[str, Any], kind: str) -> None:
     assert facts[kind]["output"] == ["npu:0", True]
     assert facts[kind]["grad"] == ["npu:0", True]
+
+
+def test_residency_ignores_torchs_host_step_counter() -> None:
+    """A data_parallel table's dense Adagrad keeps its state with the table but its ``step`` on the host (torch's
+    non-fused optimizers always do); the conformance residency report counts the state only ("meta" stands in for
+    the device here: no emulator in this process)."""
+    weight = torch.nn.Parameter(torch.zeros(3, 2, device="meta"))
+    optimizer = torch.optim.Adagrad([weight])
+    weight.grad = torch.ones(3, 2, device="meta")
+    optimizer.step()
+    assert {k: v.device.type for k, v in optimizer.state[weight].items()} == {"step": "cpu", "sum": "meta"}
+    assert devices_of(optimizer) == {"meta"}

@@ -60,8 +60,9 @@ def devices_of(obj: Any) -> Set[str]:
         return devices_of(obj.values())
     if isinstance(obj, torch.nn.Module):
         return devices_of(list(obj.parameters()))
-    if isinstance(obj, torch.optim.Optimizer):
-        return devices_of(list(obj.state.values()))
+    if isinstance(obj, torch.optim.Optimizer):  # a non-fused torch optimizer keeps its "step" counter on the host
+        return devices_of([{k: v for k, v in s.items() if k != "step"} if isinstance(s, dict) else s
+                           for s in obj.state.values()])
     if isinstance(obj, dict):
         return devices_of(list(obj.values()))
     if isinstance(obj, (list, tuple)):
