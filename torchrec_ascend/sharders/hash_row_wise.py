@@ -5,15 +5,17 @@ raw 64-bit values with no row meaning, so the input dist here buckets them with 
 of ``block_bucketize_sparse_features``, original IDs kept) and each rank's kernel maps them to its own rows. The
 lookup and the output dist (reduce-scatter for pooled tables, all-to-all plus un-permute for sequences) are stock.
 
-:func:`hash_bucketize` is a host op: on an accelerator the input dist copies the batch's lengths and IDs (and
-weights) to the host, once each (blocking copies, so a host sync each; the negative-ID check runs on the host copy),
-buckets them there and copies the bucketed lengths and IDs (weights; for sequences the un-bucketize permutation)
-back, once each, before TorchRec's all-to-all. On the CPU every copy is a no-op.
+:func:`hash_bucketize` is a host op: on an accelerator the input dist packs the batch's lengths, IDs and weights
+into one byte buffer on the device and copies it to the host once (a blocking copy, so one host sync; the
+negative-ID check runs on the host copy), buckets them there and copies the bucketed lengths, IDs, un-bucketize
+permutation and weights back packed the same way, in one copy, before TorchRec's all-to-all: 1 device-to-host and 1
+host-to-device copy per call whether the batch is weighted or has a variable batch size per feature. On the CPU
+every copy is a no-op.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
@@ -45,18 +47,22 @@ class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
 
     def forward(self, sparse_features: KeyedJaggedTensor) -> Any:
         device = sparse_features.values().device
-        values = sparse_features.values().to("cpu")
+        weights = sparse_features.weights_or_none()
+        # int32 IDs and lengths are taken as TorchRec takes them; an ID is placed by its int64 value.
+        lengths, values, *host_weights = _move(
+            [sparse_features.lengths().long(), sparse_features.values().long()]
+            + ([] if weights is None else [weights]), torch.device("cpu"), non_blocking=False,
+        )
         check_non_negative_ids(values, sparse_features.keys(), lambda: sparse_features.offset_per_key()[1:],
                                lambda feature: self._table_of.get(feature, "?"))
         world = adapter.world_size(self)
-        weights = sparse_features.weights_or_none()
-        # int32 IDs and lengths are taken as TorchRec takes them; an ID is placed by its int64 value.
         lengths, bucketed, weights, permute = ops.hash_bucketize(
-            sparse_features.lengths().to("cpu").long(), values.long(), None if weights is None else weights.to("cpu"),
-            world,
+            lengths, values, host_weights[0] if host_weights else None, world,
         )
-        lengths, bucketed, permute = (t.to(device, non_blocking=True) for t in (lengths, bucketed, permute))
-        weights = None if weights is None else weights.to(device, non_blocking=True)
+        lengths, bucketed, permute, *device_weights = _move(
+            [lengths, bucketed, permute] + ([] if weights is None else [weights]), device, non_blocking=True,
+        )
+        weights = device_weights[0] if device_weights else None
         variable = sparse_features.variable_stride_per_key()
         bucketized = KeyedJaggedTensor(
             keys=list(sparse_features.keys()) * world,
@@ -68,6 +74,27 @@ class HashRwSparseFeaturesDist(RwSparseFeaturesDist):
         )
         self.unbucketize_permute_tensor = permute if adapter.is_sequence(self) else None
         return adapter.send(self, bucketized)
+
+
+def _move(tensors: Sequence[torch.Tensor], device: torch.device, non_blocking: bool) -> List[torch.Tensor]:
+    """``tensors`` (1-D; all but the last int64, so every piece starts 8-byte aligned) on ``device`` in one copy.
+
+    Their bytes are concatenated where they live, the buffer crosses once and is cut back into views of it: one
+    copy and (blocking) one host sync per call instead of one per tensor. A no-op where they already are.
+
+    Example::
+
+        lengths, ids, weights = _move([kjt.lengths().long(), kjt.values().long(), kjt.weights()], cpu, False)
+    """
+    if all(t.device == device for t in tensors):
+        return list(tensors)
+    packed = torch.cat([t.contiguous().view(torch.uint8) for t in tensors]).to(device, non_blocking=non_blocking)
+    out, start = [], 0
+    for t in tensors:
+        end = start + t.numel() * t.element_size()
+        out.append(packed[start:end].view(t.dtype))
+        start = end
+    return out
 
 
 def _table_of(sharding: Any) -> Dict[str, str]:
