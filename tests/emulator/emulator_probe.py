@@ -570,6 +570,8 @@ def dense_kernels() -> Dict[str, Any]:
     from torchrec.modules.embedding_configs import DataType, PoolingType
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+    from torchrec_ascend.kernels.dense import SequenceDenseEmbedding  # the npu profile's sequence/dense kernel
+
     tables = [ShardedEmbeddingTable(name=name, embedding_dim=4, num_embeddings=rows, feature_names=[f"f_{name}"],
                                     local_rows=rows, local_cols=4, pooling=PoolingType.SUM, data_type=DataType.FP32)
               for name, rows in (("a", 10), ("b", 6))]
@@ -582,7 +584,7 @@ def dense_kernels() -> Dict[str, Any]:
                                                    lengths=torch.tensor([2, 1, 1, 1]))
 
     facts: Dict[str, Any] = {}
-    for name, cls in (("pooled", BatchedDenseEmbeddingBag),):
+    for name, cls in (("pooled", BatchedDenseEmbeddingBag), ("sequence", SequenceDenseEmbedding)):
         cpu, npu = cls(config, None, torch.device("cpu")), cls(config, None, torch.device("npu"))
         with torch.no_grad():
             npu.emb_module.weights.copy_(cpu.emb_module.weights.to("npu"))
@@ -601,7 +603,74 @@ def dense_kernels() -> Dict[str, Any]:
     return facts
 
 
+def hash_data_parallel() -> Dict[str, Any]:
+    """data_parallel hash tables (EBC and EC, dense kernel) on 2 emulated-npu ranks over an npu-only group."""
+    return _two_ranks(_hash_data_parallel_rank)
+
+
+def _hash_data_parallel_rank(rank: int, store_file: str, queue: Any) -> None:
+    import torch.distributed as dist
+
+    emulated_npu.install()
+    os.environ["TORCHREC_ASCEND_DEVICE"] = "npu_emulated"
+    import torchrec
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from torchrec_ascend import backends
+    from torchrec_ascend.hash.configs import HashEmbeddingBagConfig, HashEmbeddingConfig
+    from torchrec_ascend.kernels.dense import HashDenseRows
+    from torchrec_ascend.kernels.walk import sharded_kernels
+    from torchrec_ascend.sharders import get_default_hybrid_sharders
+
+    backends.activate()
+    torch.npu.set_device(rank)
+    dist.init_process_group(emulated_npu.COLLECTIVE_BACKEND, store=dist.FileStore(store_file, 2), rank=rank,
+                            world_size=2)  # no host backend, as on an Ascend host
+    device = torch.device("npu", rank)
+    # Ranks share ID 7 and 3 (in different orders): every replica must give each ID the same row.
+    values = torch.tensor([7, 3, 11, 5] if rank == 0 else [3, 7, 13, 5])
+    batch = KeyedJaggedTensor.from_lengths_sync(keys=["f", "g"], values=values, lengths=torch.tensor([2, 1, 1, 0]))
+    facts: Dict[str, Any] = {}
+    for kind, config, collection in (("ebc", HashEmbeddingBagConfig, torchrec.EmbeddingBagCollection),
+                                     ("ec", HashEmbeddingConfig, torchrec.EmbeddingCollection)):
+        torch.manual_seed(0)
+        tables = [config(name="t", embedding_dim=4, num_embeddings=16, feature_names=["f", "g"])]
+        module = collection(tables=tables)  # type: ignore[operator]
+        sharders = get_default_hybrid_sharders()
+        planner = EmbeddingShardingPlanner(
+            topology=Topology(world_size=2, compute_device=device.type),
+            constraints={"t": ParameterConstraints(sharding_types=["data_parallel"], compute_kernels=["dense"])})
+        plan = planner.collective_plan(module, sharders, dist.GroupMember.WORLD)
+        model = DistributedModelParallel(module, env=ShardingEnv.from_process_group(dist.GroupMember.WORLD),
+                                         device=device, plan=plan, sharders=sharders)
+        on_device = batch.to(device)
+
+        def step(model: Any = model, on_device: Any = on_device, kind: str = kind) -> Any:
+            out = model(on_device)
+            rows = out.values() if kind == "ebc" else torch.cat([out[k].values() for k in ("f", "g")])
+            rows.sum().backward()
+            return rows
+
+        error = _error(step)
+        if error:
+            facts[kind] = {"error": error}
+            continue
+        with emulated_npu.measure() as m:
+            rows = step()
+        kernels = [k for k in sharded_kernels(model) if isinstance(k, HashDenseRows)]
+        id_maps = [[t.tolist() for t in st.id_map.export()] for k in kernels for st in k._slot_tables]
+        facts[kind] = {"error": "", "device": str(rows.device), "counts": dataclasses.asdict(m.counts),
+                       "id_maps": id_maps, "rows": rows.detach().cpu().tolist()}
+    dist.destroy_process_group()
+    queue.put((rank, facts))
+    os._exit(0)
+
+
 PROGRAMS: Dict[str, Callable[[], Dict[str, Any]]] = {
+    "hash_data_parallel": hash_data_parallel,
     "activation": activation,
     "pipeline": pipeline,
     "sharded": sharded,

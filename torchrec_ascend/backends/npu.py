@@ -77,6 +77,8 @@ NPU = DeviceProfile(
         hbm_cap_bytes=_NPU_HBM_BYTES,
         kernel_bandwidths={"fused": _NPU_HBM_BYTES_PER_MS, "key_value": _NPU_HBM_BYTES_PER_MS / 4},
     ),
+    # TorchRec's sequence dense kernel is fbgemm's dense TBE, which pools despite PoolingMode.NONE off CUDA (as on CPU).
+    kernel_overrides={"sequence/dense": "torchrec_ascend.kernels.dense:SequenceDenseEmbedding"},
     process_group_classes=("torch_npu._C._distributed_c10d:ProcessGroupHCCL",),
     installed_with=(
         "torchrec-ascend[npu] (torch-npu "

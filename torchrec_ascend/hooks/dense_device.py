@@ -1,6 +1,6 @@
-"""H2: TorchRec's pooled dense (data_parallel) kernel keeps its table on a PrivateUse1 device (the NPU).
+"""H2: TorchRec's dense (data_parallel) kernels keep their tables on a PrivateUse1 device (the NPU).
 
-``BatchedDenseEmbeddingBag`` builds fbgemm's dense TBE with ``use_cpu`` whenever CUDA
+``BatchedDenseEmbeddingBag`` (and ``BatchedDenseEmbedding``) builds fbgemm's dense TBE with ``use_cpu`` whenever CUDA
 (or MTIA) is absent, whatever device the kernel is built for: on an NPU the replicated table stays on the host, and
 DDP over the NPU's process group then fails ("No backend type associated with device type cpu"). fbgemm's dense TBE
 cannot be built for a PrivateUse1 device directly (without ``use_cpu`` it asks torch.cuda for its device), so the
@@ -8,9 +8,10 @@ patched constructor lets the stock one build it on the host, moves it to the ker
 stays on the host, where fbgemm keeps it) and rebuilds the per-table parameter views on the moved weights, before any
 subclass (our hash dense kernels) takes its own views. Other devices keep the stock constructor's result.
 
-Not covered: ``BatchedDenseEmbedding`` (EmbeddingCollection + data_parallel). On the emulated NPU its lookup is
-fbgemm's CPU kernel, which pools despite ``PoolingMode.NONE`` (the CPU profile replaces that kernel for this reason),
-so moving its table alone turns a clear error into wrong shapes; it needs the NPU profile's sequence/dense kernel.
+``BatchedDenseEmbedding`` (EmbeddingCollection + data_parallel) gets the same move (h2.dense_sequence_device), but
+its stock lookup is fbgemm's dense TBE, which pools despite ``PoolingMode.NONE`` off CUDA: the npu profile replaces
+that kernel with :class:`~torchrec_ascend.kernels.dense.SequenceDenseEmbedding` (as the CPU profile does), whose
+constructor is the patched one, so its table lands on the device too.
 
 Example::
 
@@ -69,5 +70,12 @@ PATCHES = [
         requires=TORCHREC,
         reason="the stock dense kernel keeps its table on the host whenever CUDA is absent (use_cpu), also on NPUs",
         wrapper=_init,
-    )
+    ),
+    Patch.wrap(
+        name="h2.dense_sequence_device",
+        target=f"{_KERNELS}:BatchedDenseEmbedding.__init__",
+        requires=TORCHREC,
+        reason="the stock sequence dense kernel keeps its table on the host whenever CUDA is absent, also on NPUs",
+        wrapper=_init,
+    ),
 ]

@@ -282,5 +282,12 @@ REVIEWED = {
             "1.8.0": "6e4f57846ca1e759",
             "1.9.2": "6e4f57846ca1e759"
         }
+    },
+    "h2.dense_sequence_device": {
+        "target": "torchrec.distributed.batched_embedding_kernel:BatchedDenseEmbedding.__init__",
+        "digests": {
+            "1.8.0": "6f943c7f0f79006b",
+            "1.9.2": "6f943c7f0f79006b"
+        }
     }
 }

@@ -7,9 +7,10 @@ rows up per feature with ``torch.nn.functional.embedding``.
 
 :class:`HashDenseEmbeddingBag` / :class:`HashDenseEmbedding` are data_parallel hash tables (small ones). Every rank
 holds a replica, so every replica must give an ID the same row: in training each rank gathers all ranks' IDs of the
-batch and inserts them in rank order (one all-gather per batch, on the host where the ID map lives: the batch's IDs
-go down once and its rows come back once), then looks its own IDs up. The dense optimizer keeps
-per-row state outside the kernel, so these tables refuse ``overflow="evict"`` (a reused row would inherit state).
+batch and inserts them in rank order (one all-gather per batch on the IDs' device; the map lives on the host, so
+the gathered lengths and IDs go down once and this rank's rows come back once), then looks its own IDs up. The
+dense optimizer keeps per-row state outside the kernel, so these tables refuse ``overflow="evict"`` (a reused row
+would inherit state).
 """
 
 from __future__ import annotations
@@ -69,26 +70,52 @@ def _specs(config: GroupedEmbeddingConfig) -> List[HashTableSpec]:
     return specs
 
 
+def _lengths_per_key(features: KeyedJaggedTensor) -> torch.Tensor:
+    """IDs per feature, on the IDs' device (computed there, unless the batch's stride varies per feature)."""
+    if features.variable_stride_per_key():
+        return torch.tensor(features.length_per_key(), dtype=torch.int64, device=features.values().device)
+    return features.lengths().long().view(len(features.keys()), features.stride()).sum(dim=1)
+
+
+def _gather_to_host(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    """Every rank's ``tensor`` (same shape everywhere), gathered on its device, then on the host: [world, numel]."""
+    out = torch.empty(dist.get_world_size(group) * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    dist.all_gather_into_tensor(out, tensor, group=group)
+    return out.cpu().view(dist.get_world_size(group), -1)
+
+
 class HashDenseRows(HashRows):
     """Mixin: hash rows for replicated tables; every replica inserts all ranks' IDs in the same order."""
 
+    #: IDs per rank the all-gather carries: a power of two every rank derives from the same gathered sizes.
+    _gather_width: int = 0
+
     def map_replicated(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """Rows for this rank's IDs, after inserting every rank's IDs of the batch (training)."""
+        """Rows for this rank's IDs, after inserting every rank's IDs of the batch (training).
+
+        One all-gather on the IDs' device (an accelerator's group may have no host backend) carries each rank's
+        lengths per feature and its IDs padded to the agreed width, then comes to the host (where the map lives) in
+        one copy; a batch larger than the width widens it on every rank and gathers the IDs once more.
+        """
         group = self._tbe.process_group
-        if not self.training or group is None or dist.get_world_size(group) == 1:
+        if not self.training or group is None or dist.get_world_size(group) == 1 or not features.keys():
             return self.map_ids(features)
         world, rank = dist.get_world_size(group), dist.get_rank(group)
-        lengths = torch.tensor(features.length_per_key(), dtype=torch.int64)
-        all_lengths = [torch.empty_like(lengths) for _ in range(world)]
-        dist.all_gather(all_lengths, lengths, group=group)
+        keys, ids = features.keys(), features.values().long()
+
+        def padded(width: int) -> torch.Tensor:
+            return torch.nn.functional.pad(ids[:width], (0, width - min(width, ids.numel())))
+
+        packed = _gather_to_host(torch.cat([_lengths_per_key(features), padded(self._gather_width)]), group)
+        all_lengths = list(packed[:, : len(keys)])
         sizes = [int(x.sum()) for x in all_lengths]
-        padded = torch.zeros(max(sizes), dtype=torch.int64)
-        padded[: sizes[rank]] = features.values().to("cpu")  # the batch's IDs to the host once (the map lives there)
-        gathered = [torch.empty_like(padded) for _ in range(world)]
-        dist.all_gather(gathered, padded, group=group)
+        if max(sizes) > self._gather_width:
+            self._gather_width = 1 << (max(sizes) - 1).bit_length()
+            gathered = list(_gather_to_host(padded(self._gather_width), group))
+        else:
+            gathered = list(packed[:, len(keys):])
         # Feature-major over ranks: feature f holds rank 0's IDs, then rank 1's, ...
         per_rank = [list(torch.split(g[:n], lens.tolist())) for g, n, lens in zip(gathered, sizes, all_lengths)]
-        keys = features.keys()
         values = torch.cat([per_rank[r][f] for f in range(len(keys)) for r in range(world)])
         global_lengths = torch.stack([lens for lens in all_lengths], dim=1).sum(dim=1)
         everyone = KeyedJaggedTensor(keys=keys, values=values, lengths=global_lengths)
