@@ -638,7 +638,7 @@ def _hash_data_parallel_rank(rank: int, store_file: str, queue: Any) -> None:
                                      ("ec", HashEmbeddingConfig, torchrec.EmbeddingCollection)):
         torch.manual_seed(0)
         tables = [config(name="t", embedding_dim=4, num_embeddings=16, feature_names=["f", "g"])]
-        module = collection(tables=tables)  # type: ignore[operator]
+        module = collection(tables=tables)  # type: ignore[operator]  # the tuple mixes two collection classes
         sharders = get_default_hybrid_sharders()
         planner = EmbeddingShardingPlanner(
             topology=Topology(world_size=2, compute_device=device.type),
