@@ -70,6 +70,10 @@ def _specs(config: GroupedEmbeddingConfig) -> List[HashTableSpec]:
     return specs
 
 
+#: The fewest IDs per rank a data_parallel hash table's all-gather carries (2 KiB of int64): small batches never widen.
+_MIN_GATHER_WIDTH = 256
+
+
 def _lengths_per_key(features: KeyedJaggedTensor) -> torch.Tensor:
     """IDs per feature, on the IDs' device (computed there, unless the batch's stride varies per feature)."""
     if features.variable_stride_per_key():
@@ -87,7 +91,8 @@ def _gather_to_host(tensor: torch.Tensor, group: Any) -> torch.Tensor:
 class HashDenseRows(HashRows):
     """Mixin: hash rows for replicated tables; every replica inserts all ranks' IDs in the same order."""
 
-    #: IDs per rank the all-gather carries: a power of two every rank derives from the same gathered sizes.
+    #: IDs per rank the all-gather carries: a power of two, at least twice the largest batch seen and at least
+    #: _MIN_GATHER_WIDTH (every rank derives it from the same gathered sizes).
     _gather_width: int = 0
 
     def map_replicated(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
@@ -110,7 +115,8 @@ class HashDenseRows(HashRows):
         all_lengths = list(packed[:, : len(keys)])
         sizes = [int(x.sum()) for x in all_lengths]
         if max(sizes) > self._gather_width:
-            self._gather_width = 1 << (max(sizes) - 1).bit_length()
+            # Headroom (widening costs a second gather and copy): twice the batch, at least _MIN_GATHER_WIDTH.
+            self._gather_width = max(_MIN_GATHER_WIDTH, 1 << (2 * max(sizes) - 1).bit_length())
             gathered = list(_gather_to_host(padded(self._gather_width), group))
         else:
             gathered = list(packed[:, len(keys):])
