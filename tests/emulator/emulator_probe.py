@@ -660,9 +660,15 @@ def _hash_data_parallel_rank(rank: int, store_file: str, queue: Any) -> None:
             continue
         with emulated_npu.measure() as m:
             rows = step()
+        # A batch over the gather width (256 IDs per rank at first): one more gather and copy, then the wider width.
+        wide = KeyedJaggedTensor.from_lengths_sync(keys=["f", "g"], values=torch.tensor([7, 3] * 150 + [5]),
+                                                   lengths=torch.tensor([300, 0, 1, 0])).to(device)
+        with emulated_npu.measure() as widening:
+            step(on_device=wide)
         kernels = [k for k in sharded_kernels(model) if isinstance(k, HashDenseRows)]
         id_maps = [[t.tolist() for t in st.id_map.export()] for k in kernels for st in k._slot_tables]
         facts[kind] = {"error": "", "device": str(rows.device), "counts": dataclasses.asdict(m.counts),
+                       "widening": dataclasses.asdict(widening.counts), "widths": [k._gather_width for k in kernels],
                        "id_maps": id_maps, "rows": rows.detach().cpu().tolist()}
     dist.destroy_process_group()
     queue.put((rank, facts))

@@ -51,3 +51,14 @@ def test_a_step_copies_lengths_and_ids_down_once_and_rows_up_once(facts: Dict[st
     for rank in ("0", "1"):
         counts = facts["ranks"][rank][kind]["counts"]
         assert (counts["d2h"], counts["syncs"], counts["h2d"]) == (1, 1, 1), counts
+
+
+@pytest.mark.parametrize("kind", ["ebc", "ec"])
+def test_a_batch_over_the_gather_width_widens_it_on_every_rank(facts: Dict[str, Any], kind: str) -> None:
+    """301 IDs on each rank, over the first width (256): the IDs are gathered once more (a second copy down), every
+    rank takes the same wider width (twice the batch, a power of two), and the replicas still agree (the ID maps are
+    read after this step)."""
+    zero, one = (facts["ranks"][r][kind] for r in ("0", "1"))
+    assert zero["widths"] == one["widths"] == [1024]
+    assert zero["widening"]["d2h"] > zero["counts"]["d2h"]
+    assert zero["id_maps"] == one["id_maps"]
