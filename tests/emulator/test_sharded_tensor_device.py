@@ -30,7 +30,9 @@ def ranks() -> Dict[str, Any]:
 
 
 def test_a_rank_without_shards_answers_its_current_npu(ranks: Dict[str, Any]) -> None:
-    assert "Torch not compiled with CUDA" in ranks["1"]["torch_op"], "torch's op fails there: the patch is needed"
+    # torch's own op reaches torch.cuda: a CPU-only build says it has no CUDA, a CUDA build without a GPU no driver
+    cuda_failures = ("Torch not compiled with CUDA", "Found no NVIDIA driver")
+    assert any(text in ranks["1"]["torch_op"] for text in cuda_failures), "torch's op fails there: the patch is needed"
     assert ranks["1"]["device"] == "npu:1"
 
 
