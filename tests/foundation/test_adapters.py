@@ -24,7 +24,7 @@ TORCHREC = importlib.metadata.version("torchrec")
 
 def test_every_adapter_is_supported_on_this_stack():
     statuses = adapters.report()
-    assert [s.adapter.name for s in statuses] == ["a.train_pipeline", "a.sharding", "a.tbe"]
+    assert [s.adapter.name for s in statuses] == ["a.train_pipeline", "a.sharding", "a.tbe", "a.lookups"]
     assert [(s.state, s.detail) for s in statuses] == [("supported", "")] * len(statuses)
 
 

@@ -12,6 +12,7 @@ module                    adapts
 :mod:`.train_pipeline`    ``TrainPipelineSparseDist`` internals, the pipelined input dists (``KJTAllToAllForward``)
 :mod:`.sharding`          row-wise input dists (``RwSparseFeaturesDist``) and embedding shardings' fields
 :mod:`.tbe`               the batched embedding kernels' fbgemm TBE and table layout (``BaseBatchedEmbeddingBag``)
+:mod:`.lookups`           sharded embedding modules' lookups and their kernels (``GroupedPooledEmbeddingsLookup``)
 ========================  =====================================================================================
 
 Example::
@@ -34,7 +35,7 @@ from torchrec_ascend.dotted import resolve_object, split_path
 from torchrec_ascend.errors import ConfigError
 
 #: The adapter modules, one per TorchRec subsystem (each defines ``ADAPTER``).
-MODULES: Tuple[str, ...] = ("train_pipeline", "sharding", "tbe")
+MODULES: Tuple[str, ...] = ("train_pipeline", "sharding", "tbe", "lookups")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Find the embedding kernels inside a model sharded by DistributedModelParallel.
 
 Sharded TorchRec modules hide their lookups from ``named_modules()`` (they list the table slices instead), so code
-that needs the kernels (metrics, checkpoints, pipelines setting their depth) walks ``_lookups`` and each lookup's
-``_emb_modules`` explicitly, unwrapping DistributedDataParallel (data_parallel lookups).
+that needs the kernels (metrics, checkpoints, pipelines setting their depth) asks each module for them through the
+lookups adapter (:mod:`torchrec_ascend.adapters.lookups`, which unwraps data_parallel lookups).
 
 Example::
 
@@ -17,10 +17,10 @@ from typing import Iterator
 
 import torch
 
+from torchrec_ascend.adapters.lookups import kernels_of
+
 
 def sharded_kernels(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """Every embedding kernel (TBE wrapper) of every sharded embedding module in ``model``."""
     for module in model.modules():
-        for lookup in getattr(module, "_lookups", None) or []:
-            lookup = getattr(lookup, "module", lookup)  # DistributedDataParallel wraps data_parallel lookups
-            yield from getattr(lookup, "_emb_modules", None) or []
+        yield from kernels_of(module)
