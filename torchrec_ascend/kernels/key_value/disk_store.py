@@ -323,12 +323,12 @@ class DiskStore:
         self._check_open()
         version = self._version
         for segment_id in sorted(self._segments):
-            if version != self._version:
+            if version != self._version:  # builtin, like dict's: a caller mutating the store it iterates
                 raise RuntimeError(f"{self.where}: the store changed while chunks() was iterating; do not mutate it")
             records, _, _ = self._live_records(self._segments[segment_id])
             keys = torch.from_numpy(records[:, 0].view(np.int64).copy())
             for start in range(0, keys.numel(), rows_per_chunk):
-                if version != self._version:
+                if version != self._version:  # builtin, like dict's: a caller mutating the store it iterates
                     raise RuntimeError(
                         f"{self.where}: the store changed while chunks() was iterating; do not mutate it"
                     )
@@ -436,7 +436,7 @@ class DiskStore:
             segment_id = heapq.heappop(self._free_ids)
         elif self._next_segment_id < self.max_segments:
             segment_id, self._next_segment_id = self._next_segment_id, self._next_segment_id + 1
-        else:
+        else:  # an OSError like a full disk's: the write path turns it into a StorageError naming the file
             raise OSError(0, f"the store already has {self.max_segments} segments, the most its index can address")
         try:
             seg = SegmentFile(self.path, self._format.words, segment_id)

@@ -247,12 +247,12 @@ class HostStore:
         keys, slots = self._index.export()
         version = self._version
         for start in range(0, keys.numel(), rows_per_chunk):
-            if version != self._version:
+            if version != self._version:  # builtin, like dict's: a caller mutating the store it iterates
                 raise RuntimeError(f"{self.where}: the store changed while chunks() was iterating; do not mutate it")
             yield keys[start : start + rows_per_chunk], self._rows.gather(slots[start : start + rows_per_chunk])
         if self.spill is not None:
             for chunk in self.spill.chunks(rows_per_chunk):
-                if version != self._version:
+                if version != self._version:  # builtin, like dict's: a caller mutating the store it iterates
                     raise RuntimeError(f"{self.where}: the store changed while chunks() was iterating")
                 yield chunk
 

@@ -320,6 +320,7 @@ class KeyIndex:
 
     def __init__(self, initial_capacity: int = 0, max_capacity: Optional[int] = None) -> None:
         if initial_capacity < 0 or (max_capacity is not None and max_capacity < 0):
+            # builtin: an internal invariant (the host store passes capacities it derived), not a user's config
             raise ValueError(f"KeyIndex capacities must be >= 0, got {initial_capacity} and {max_capacity}")
         self.max_capacity = 1 << 26 if max_capacity is None else max_capacity
         self.capacity = 0
@@ -405,6 +406,7 @@ class KeyIndex:
         self.reserve(len(self) + n)
         values = keys.numpy()
         if np.unique(values).size != n or bool((self.lookup(keys) >= 0).any()):
+            # builtin: an internal invariant (the stores look keys up before inserting), never the user's input
             raise ValueError("KeyIndex.insert: keys must be distinct and absent; look them up first")
         reused = min(n, self._num_free)
         slots = np.empty(n, dtype=np.int64)

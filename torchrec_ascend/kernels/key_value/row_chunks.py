@@ -51,7 +51,7 @@ class RowChunks:
         Raises:
             ValueError: ``capacity`` exceeds ``max_rows``.
         """
-        if capacity > self.max_rows:
+        if capacity > self.max_rows:  # builtin: an internal invariant (the host store grows within its budget's rows)
             raise ValueError(f"RowChunks: {capacity} rows exceed max_rows={self.max_rows}")
         self.capacity = max(self.capacity, capacity)
 

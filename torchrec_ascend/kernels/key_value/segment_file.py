@@ -38,7 +38,7 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     done = 0
     while done < len(data):
         written = os.pwrite(fd, data[done:], offset + done)
-        if written <= 0:  # no progress: treat like a full disk rather than loop forever
+        if written <= 0:  # no progress: treat like a full disk (the disk store reports a StorageError naming the file)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         done += written
 
@@ -50,7 +50,7 @@ def segment_name(segment_id: int) -> str:
 
         segment_name(3)  # 'segment-000003.rows'
     """
-    if not isinstance(segment_id, int) or segment_id < 0:
+    if not isinstance(segment_id, int) or segment_id < 0:  # builtin: an internal invariant (the store numbers them)
         raise ValueError(f"segment ids are ints >= 0, got {segment_id!r}")
     return f"segment-{segment_id:06d}.rows"
 
