@@ -39,16 +39,24 @@ def parametrize(metafunc: Any, derive: Callable[[SuiteConfig], List[Case]], name
 REQUIRED_PARTS = ("parameters", "outputs")
 #: Per training call of each per-batch part, the most host<->device copies and host syncs allowed, as (fixed, per
 #: table the call serves): the budgets the kernels' docstrings state (``torchrec_ascend/kernels/fused.py``,
-#: ``sharders/hash_row_wise.py``, ``sharders/index_dedup.py``). FUSED hash: the IDs down, the rows up, each table's
-#: new rows' slots and values up. KEY_VALUE: also each table's evicted rows' slots up and the rows down
-#: (``pack_rows`` gathers them on the device). Row-wise input dist: lengths and
-#: IDs down, bucketed lengths, IDs and permutation up, and what TorchRec's all-to-all inside it moves (its splits
-#: down, 3 tensors up: measured on the emulator, 3 down and 6 up per call in all). Dedup: the IDs down; distinct IDs,
-#: lengths, reverse indices and weights up. A blocking device-to-host copy is a host sync.
+#: ``sharders/hash_row_wise.py``, ``sharders/index_dedup.py``). A blocking device-to-host copy is a host sync.
+#:
+#: * FUSED hash: the IDs down, the rows up, each table's new rows' slots and values up. KEY_VALUE: also each
+#:   table's evicted rows' slots up and the rows down (``pack_rows`` gathers them on the device).
+#: * ``_vbe``: the same kernel on a variable-batch KJT, where stock fbgemm's ``generate_vbe_metadata`` adds 3 up
+#:   and placing the output into TorchRec's shared one (``place_vbe_output``, for TBEs that cannot write it: the
+#:   CPU's, the emulator's) adds 1 up.
+#: * Row-wise input dist: lengths, IDs and weights down in one copy and the bucketed ones up in one, plus what
+#:   TorchRec's all-to-all inside it moves: ``length_per_key`` down, its split tensors up (one per input tensor
+#:   plus the stride, or with VBE the per-rank strides).
+#: * Dedup: the IDs down; distinct IDs, lengths, reverse indices and weights up.
 TRANSFER_BUDGET = {
     "fused_hash": {"d2h": (1, 0), "syncs": (1, 0), "h2d": (1, 2)},
+    "fused_hash_vbe": {"d2h": (1, 0), "syncs": (1, 0), "h2d": (5, 2)},
     "key_value": {"d2h": (1, 1), "syncs": (1, 1), "h2d": (1, 3)},
-    "row_wise_input_dist": {"d2h": (3, 0), "syncs": (3, 0), "h2d": (6, 0)},
+    "key_value_vbe": {"d2h": (1, 1), "syncs": (1, 1), "h2d": (5, 3)},
+    "row_wise_input_dist": {"d2h": (2, 0), "syncs": (2, 0), "h2d": (5, 0)},
+    "row_wise_input_dist_vbe": {"d2h": (2, 0), "syncs": (2, 0), "h2d": (6, 0)},
     "index_dedup": {"d2h": (1, 0), "syncs": (1, 0), "h2d": (4, 0)},
 }
 

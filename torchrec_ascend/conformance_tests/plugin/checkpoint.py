@@ -51,7 +51,7 @@ from torchrec_ascend.checkpoint.saver import local_shards
 from torchrec_ascend.checkpoint.stock import saver_keys
 from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, rows_of
-from torchrec_ascend.conformance_tests.plugin.runner import main, residency
+from torchrec_ascend.conformance_tests.plugin.runner import main, residency, shared_directory
 
 DIM = 16
 HASH_TABLES = [("user", 3), ("item", 5)]  # name, init seed
@@ -334,7 +334,11 @@ class DenseOnTop(torch.nn.Module):
 
 def dense_action(world: Any) -> Dict[str, Any]:
     """Save a hash table with the Saver and the rest with DCP, load both into a model with other dense weights."""
-    directory = _broadcast(tempfile.mkdtemp(prefix="dense-") if world.rank() == 0 else None, world)
+    with shared_directory("dense-", world) as directory:
+        return _dense_round_trip(world, directory)
+
+
+def _dense_round_trip(world: Any, directory: str) -> Dict[str, Any]:
 
     def build_dense(seed: int) -> Tuple[Any, List[torch.nn.Parameter]]:
         ebc = torchrec.EmbeddingBagCollection(tables=[
@@ -394,15 +398,14 @@ def run_case(case: Dict[str, Any], world: Any) -> Dict[str, Any]:
         same = (case["sharding_type"], case["kernel"], pg.size()) == (
             spec["sharding_type"], spec["kernel"], spec["world_size"])
         return load_action(spec, case["sharding_type"], case["kernel"], pg, case["dir"], same)
-    directory = _broadcast(tempfile.mkdtemp(prefix="ckpt-") if world.rank() == 0 else None, world)
-    saved = save_action(case, world, directory)
-    pg = _subgroup(world, case["load_world_size"])
-    result: Dict[str, Any] = {**saved}
-    if pg is not None:
-        same = (case["load_sharding_type"], case["load_kernel"], pg.size()) == (
-            case["sharding_type"], case["kernel"], world.size())
-        result.update(load_action(case, case["load_sharding_type"], case["load_kernel"], pg, directory, same))
-    dist.barrier(group=world)
+    with shared_directory("ckpt-", world) as directory:
+        saved = save_action(case, world, directory)
+        pg = _subgroup(world, case["load_world_size"])
+        result: Dict[str, Any] = {**saved}
+        if pg is not None:
+            same = (case["load_sharding_type"], case["load_kernel"], pg.size()) == (
+                case["sharding_type"], case["kernel"], world.size())
+            result.update(load_action(case, case["load_sharding_type"], case["load_kernel"], pg, directory, same))
     return result
 
 

@@ -28,7 +28,6 @@ the model that never stopped.
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any, Dict, List, Tuple
 
 import torch
@@ -47,7 +46,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency
+from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency, shared_directory
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import ColumnShardRowWiseAdagrad
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.fused import HashRows
@@ -287,12 +286,11 @@ def state_dict_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     saved = build(case["sharding_type"])
     for step in range(STEPS // 2):
         train(saved, step)
-    holder: List[Any] = [tempfile.mkdtemp(prefix="state-dict-") if rank == 0 else None]
-    dist.broadcast_object_list(holder, src=0, group=pg)
-    dcp.save({"model": saved.state_dict(), "optim": saved.fused_optimizer.state_dict()}, checkpoint_id=holder[0])
-    loaded = build(case["state_dict"])
-    state = {"model": loaded.state_dict(), "optim": loaded.fused_optimizer.state_dict()}
-    dcp.load(state, checkpoint_id=holder[0])
+    with shared_directory("state-dict-", pg) as directory:
+        dcp.save({"model": saved.state_dict(), "optim": saved.fused_optimizer.state_dict()}, checkpoint_id=directory)
+        loaded = build(case["state_dict"])
+        state = {"model": loaded.state_dict(), "optim": loaded.fused_optimizer.state_dict()}
+        dcp.load(state, checkpoint_id=directory)
     try:
         loaded.load_state_dict(state["model"])
         loaded.fused_optimizer.load_state_dict(state["optim"])

@@ -14,11 +14,16 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import shutil
 import sys
-from typing import Any, Callable, Dict, Set
+import tempfile
+from typing import Any, Callable, Dict, Iterator, Set
 
 import torch
+import torch.distributed as dist
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend.conformance_tests.stock.case_loop import (  # noqa: F401  (the scripts' API, re-exported)
     TRANSFER_KEYS,
@@ -28,6 +33,27 @@ from torchrec_ascend.conformance_tests.stock.case_loop import (  # noqa: F401  (
     residency,
     start_rank,
 )
+
+
+@contextlib.contextmanager
+def shared_directory(prefix: str, pg: Any) -> Iterator[str]:
+    """A fresh directory that every rank of ``pg`` sees (rank 0 makes it), removed when the case is done.
+
+    A case's checkpoints hold the disk tier's segments (~200 MB): a suite run must not leave them behind.
+
+    Example::
+
+        with shared_directory("ckpt-", pg) as directory:
+            Saver(process_group=pg).save(model, directory)
+    """
+    box = [tempfile.mkdtemp(prefix=prefix) if pg.rank() == 0 else None]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
+    try:
+        yield box[0]
+        dist.barrier(group=pg)  # no rank still reads it
+    finally:
+        if pg.rank() == 0:
+            shutil.rmtree(box[0], ignore_errors=True)
 
 
 def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
@@ -73,7 +99,8 @@ def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
                 return fn(*args, **kwargs)
             finally:
                 spent = emulator.counters() - before
-                row = _COUNTING["totals"].setdefault(name, {**dict.fromkeys(TRANSFER_KEYS, 0), "tables": tables})
+                part = name + ("_vbe" if _variable_batch(args, kwargs) else "")  # fbgemm's VBE adds its copies
+                row = _COUNTING["totals"].setdefault(part, {**dict.fromkeys(TRANSFER_KEYS, 0), "tables": tables})
                 row["steps"] += 1
                 for key in TRANSFER_KEYS[1:]:
                     row[key] += getattr(spent, key)
@@ -90,6 +117,11 @@ def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
             "row_wise_input_dist", HashRwSparseFeaturesDist.forward, method=True
         )
     return totals
+
+
+def _variable_batch(args: Any, kwargs: Any) -> bool:
+    """A call on a variable-batch (VBE) KeyedJaggedTensor."""
+    return any(isinstance(a, KeyedJaggedTensor) and a.variable_stride_per_key() for a in (*args, *kwargs.values()))
 
 
 _COUNTING: Dict[str, Dict[str, Dict[str, int]]] = {"totals": {}}  # where the wrappers count: the latest case's
