@@ -94,6 +94,8 @@ def test_simulate_report_table_ratios_and_plot(tmp_path):
         assert report.ratio("belady", capacity) == 1.0
         assert 0 < report.ratio("lfu", capacity) <= 1.0
         assert 0 < report.ratio("oracle_lfu", capacity) <= 1.0
+    with pytest.raises(ConfigError, match=r"'ttl' was not simulated at capacity 60; .* capacities \[60, 120\]"):
+        report.ratio("ttl", 60)
     table = report.table()
     assert table.startswith("trace zipf:") and "cache 60" in table and "lru" in table and "skipped ttl" in table
     plot([report, report], str(tmp_path / "sim.png"))

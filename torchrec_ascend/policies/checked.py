@@ -14,7 +14,7 @@ Costs a few vectorized ops per call (a sort of the victims, boolean gathers), no
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -37,23 +37,40 @@ def plugin_origin(info: PluginInfo) -> str:
     return f"plugin {info.name!r} ({where})"
 
 
-def _wrapped(policy: Any, kind: str, name: str, info: PluginInfo, method: str) -> Callable[..., Any]:
-    return wrap_plugin_call(info.name, f"{method} of {kind} policy {name!r}", info, getattr(policy, method))
-
-
 def _given(**optional: Any) -> Dict[str, Any]:
     return {k: v for k, v in optional.items() if v is not None}
 
 
-def _malformed(kind: str, name: str, info: PluginInfo, method: str, problem: str) -> PluginError:
-    return PluginError(
-        f"{kind} policy {name!r} from {plugin_origin(info)} {method} "
-        f"{problem}. The call was rejected and nothing changed; report it to the plugin's authors or choose "
-        f"another policy."
-    )
+class _Checked:
+    """What both wrappers hold: the plugin's policy, its name and plugin, its methods wrapped to name all three."""
+
+    kind: str  # "eviction" or "admission", for messages
+
+    def _wrap(self, policy: Any, name: str, info: PluginInfo, methods: Tuple[str, ...]) -> None:
+        self.policy = policy
+        self.policy_name = name
+        self.plugin = info
+        self._calls: Dict[str, Callable[..., Any]] = {
+            m: wrap_plugin_call(info.name, f"{m} of {self.kind} policy {name!r}", info, getattr(policy, m))
+            for m in methods
+        }
+
+    def _malformed(self, method: str, problem: str) -> PluginError:
+        return PluginError(
+            f"{self.kind} policy {self.policy_name!r} from {plugin_origin(self.plugin)} {method} "
+            f"{problem}. The call was rejected and nothing changed; report it to the plugin's authors or choose "
+            f"another policy."
+        )
+
+    def _checked_state(self) -> Dict[str, torch.Tensor]:
+        state = self._calls["state_dict"]()
+        problem = state_problem(state)
+        if problem:
+            raise self._malformed("state_dict", problem)
+        return state
 
 
-class CheckedEvictionPolicy(EvictionPolicy):
+class CheckedEvictionPolicy(_Checked, EvictionPolicy):
     """An :class:`EvictionPolicy` that validates the wrapped policy's every answer.
 
     Args:
@@ -71,17 +88,13 @@ class CheckedEvictionPolicy(EvictionPolicy):
         checked.on_insert(torch.tensor([0]), torch.tensor([42]), step=0)
     """
 
+    kind = "eviction"
+
     def __init__(self, policy: EvictionPolicy, name: str, info: PluginInfo) -> None:
         super().__init__(policy.capacity)
-        self.policy = policy
-        self.policy_name = name
-        self.plugin = info
         self.resident = torch.zeros(policy.capacity, dtype=torch.bool)
         methods = ("on_insert", "on_access", "on_remove", "select_victims", "expired", "state_dict", "load_state_dict")
-        self._calls = {m: _wrapped(policy, "eviction", name, info, m) for m in methods}
-
-    def _malformed(self, method: str, problem: str) -> PluginError:
-        return _malformed("eviction", self.policy_name, self.plugin, method, problem)
+        self._wrap(policy, name, info, methods)
 
     def on_insert(
         self,
@@ -132,10 +145,7 @@ class CheckedEvictionPolicy(EvictionPolicy):
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
         """The policy's state under ``"policy."`` plus the residency the wrapper checks against."""
-        state = self._calls["state_dict"]()
-        problem = state_problem(state)
-        if problem:
-            raise self._malformed("state_dict", problem)
+        state = self._checked_state()
         return {"resident": self.resident.clone(), **{_POLICY_PREFIX + k: v for k, v in state.items()}}
 
     def load_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
@@ -150,7 +160,7 @@ class CheckedEvictionPolicy(EvictionPolicy):
         self.resident.copy_(resident)
 
 
-class CheckedAdmissionPolicy(AdmissionPolicy):
+class CheckedAdmissionPolicy(_Checked, AdmissionPolicy):
     """An :class:`AdmissionPolicy` whose answers are validated (a bool mask of the keys' shape).
 
     Args:
@@ -167,13 +177,11 @@ class CheckedAdmissionPolicy(AdmissionPolicy):
         checked.admit(torch.tensor([5]), torch.tensor([1]), step=0)  # tensor([False])
     """
 
+    kind = "admission"
+
     def __init__(self, policy: AdmissionPolicy, name: str, info: PluginInfo) -> None:
         super().__init__()
-        self.policy = policy
-        self.policy_name = name
-        self.plugin = info
-        methods = ("admit", "forget", "state_dict", "load_state_dict")
-        self._calls = {m: _wrapped(policy, "admission", name, info, m) for m in methods}
+        self._wrap(policy, name, info, ("admit", "forget", "state_dict", "load_state_dict"))
 
     def admit(
         self,
@@ -185,18 +193,14 @@ class CheckedAdmissionPolicy(AdmissionPolicy):
         mask = self._calls["admit"](keys, counts, step, signals)
         problem = admission_problem(mask, keys)
         if problem:
-            raise _malformed("admission", self.policy_name, self.plugin, "admit", problem)
+            raise self._malformed("admit", problem)
         return mask
 
     def forget(self, keys: torch.Tensor) -> None:
         self._calls["forget"](keys)
 
     def state_dict(self) -> Dict[str, torch.Tensor]:
-        state = self._calls["state_dict"]()
-        problem = state_problem(state)
-        if problem:
-            raise _malformed("admission", self.policy_name, self.plugin, "state_dict", problem)
-        return state
+        return self._checked_state()
 
     def load_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
         self._calls["load_state_dict"](state)

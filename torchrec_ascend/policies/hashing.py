@@ -45,6 +45,7 @@ def mix64(keys: torch.Tensor, seed: int = 0) -> torch.Tensor:
         buckets = mix64(torch.tensor([0, 2**63 - 1])) % 1024
     """
     if keys.dtype != torch.int64:
+        # builtin TypeError: the dtype contract of the native ops (native/ops.py), which mix64 mirrors
         raise TypeError(f"mix64 hashes int64 keys, got a {keys.dtype} tensor: convert the keys with .long() first")
     z = keys + _signed(_GOLDEN * (seed + 1))
     z = (z ^ _shift_right(z, 30)) * _signed(_MUL1)

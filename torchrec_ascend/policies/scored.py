@@ -15,6 +15,7 @@ import torch
 
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.policies.base import EvictionPolicy
+from torchrec_ascend.policies.options import positive_int
 
 _LOW_BITS = 32
 _LOW_MAX = (1 << _LOW_BITS) - 1
@@ -160,3 +161,45 @@ class ScoredEvictionPolicy(EvictionPolicy, abc.ABC):
                 )
         for name in names:
             getattr(self, name).copy_(state[name])
+
+
+class EpochScoredPolicy(ScoredEvictionPolicy, abc.ABC):
+    """A :class:`ScoredEvictionPolicy` that counts time in epochs of ``epoch_steps`` steps.
+
+    It holds ``last_epoch`` (``[capacity]`` int64, the epoch of each slot's last access, in ``state_names`` of
+    the subclass) and :meth:`epoch`; the subclass ranks slots by ``last_epoch`` and one number of its own.
+
+    Args:
+        capacity (int): number of slots.
+        epoch_steps (int): steps per epoch; >= 1.
+        policy (str): the policy's name, for messages.
+
+    Raises:
+        ConfigError: ``epoch_steps`` is not an integer >= 1.
+
+    Example::
+
+        class EpochFIFO(EpochScoredPolicy):
+            state_names = ("last_epoch",)
+
+            def __init__(self, capacity, epoch_steps=100):
+                super().__init__(capacity, epoch_steps, "epoch_fifo")
+
+            def reset(self, slots, keys, step):
+                pass
+
+            def record(self, slots, counts, step, signals):
+                self.last_epoch[slots] = self.epoch(step)
+
+            def scores(self, step):
+                return self.last_epoch
+    """
+
+    def __init__(self, capacity: int, epoch_steps: int, policy: str) -> None:
+        super().__init__(capacity)
+        self.epoch_steps = positive_int(policy, "epoch_steps", epoch_steps)
+        self.last_epoch = torch.zeros(capacity, dtype=torch.int64)
+
+    def epoch(self, step: int) -> int:
+        """The epoch ``step`` falls in."""
+        return step // self.epoch_steps

@@ -34,7 +34,7 @@ from torchrec_ascend.policies.base import EvictionPolicy
 from torchrec_ascend.policies.cadence import EvictionCadence
 from torchrec_ascend.policies.options import positive_int
 from torchrec_ascend.policies.registry import create_eviction_policy
-from torchrec_ascend.policies.scored import lowest
+from torchrec_ascend.policies.scored import ScoredEvictionPolicy
 
 OPTIMAL = "belady"
 REFERENCE_STYLES = {
@@ -117,7 +117,7 @@ def prepare(trace: torch.Tensor, batch_size: int) -> TraceBatches:
     return TraceBatches(ids[dense], dense, counts, offsets, next_use, num_keys, trace.numel())
 
 
-class TraceOraclePolicy(EvictionPolicy):
+class TraceOraclePolicy(ScoredEvictionPolicy):
     """A reference that knows the trace: evicts the slots whose key's latest lookup has the lowest ``value``.
 
     It reads ``batches``, so it only works inside :func:`replay` of the same trace (``step`` is the batch index);
@@ -134,28 +134,27 @@ class TraceOraclePolicy(EvictionPolicy):
         replay(batches, TraceOraclePolicy(1024, batches, -batches.next_use))  # Belady
     """
 
+    state_names = ("value",)
+
     def __init__(self, capacity: int, batches: TraceBatches, value: torch.Tensor) -> None:
         super().__init__(capacity)
         self.batches = batches
         self.lookup_value = value
         self.value = torch.zeros(capacity, dtype=value.dtype)
-        self.resident = torch.zeros(capacity, dtype=torch.bool)
 
-    def _record(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
+    def _take(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
+        """``slots`` take the value of their keys' lookups in batch ``step``."""
         start, end = int(self.batches.offsets[step]), int(self.batches.offsets[step + 1])
         position = start + torch.searchsorted(self.batches.keys[start:end], keys)  # keys ascend within a batch
         self.value[slots] = self.lookup_value[position]
 
-    def on_insert(
-        self,
-        slots: torch.Tensor,
-        keys: torch.Tensor,
-        step: int,
-        counts: Optional[torch.Tensor] = None,
-        signals: Optional[Dict[str, torch.Tensor]] = None,
+    def reset(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
+        self._take(slots, keys, step)
+
+    def record(
+        self, slots: torch.Tensor, counts: torch.Tensor, step: int, signals: Optional[Dict[str, torch.Tensor]]
     ) -> None:
-        self.resident[slots] = True
-        self._record(slots, keys, step)
+        pass  # the value comes with the keys: reset (an insert) and on_access take it
 
     def on_access(
         self,
@@ -165,13 +164,10 @@ class TraceOraclePolicy(EvictionPolicy):
         step: int,
         signals: Optional[Dict[str, torch.Tensor]] = None,
     ) -> None:
-        self._record(slots, keys, step)
+        self._take(slots, keys, step)
 
-    def on_remove(self, slots: torch.Tensor) -> None:
-        self.resident[slots] = False
-
-    def select_victims(self, num: int, evictable: torch.Tensor, step: int) -> torch.Tensor:
-        return lowest(self.value, self.resident & evictable, num)
+    def scores(self, step: int) -> torch.Tensor:
+        return self.value
 
 
 def belady_policy(capacity: int, batches: TraceBatches) -> TraceOraclePolicy:
@@ -330,12 +326,15 @@ class SimReport:
         """The result of ``policy`` at ``capacity``.
 
         Raises:
-            KeyError: not simulated.
+            ConfigError: ``policy`` was not simulated at ``capacity``.
         """
         for r in self.results:
             if r.policy == policy and r.capacity == capacity:
                 return r
-        raise KeyError(f"no result for policy {policy!r} at capacity {capacity}")
+        raise ConfigError(
+            f"simulator report: policy {policy!r} was not simulated at capacity {capacity}; it holds policies "
+            f"{self.policies()} at capacities {self.capacities()}"
+        )
 
     def ratio(self, policy: str, capacity: int) -> float:
         """Hit rate of ``policy`` divided by the optimum's at ``capacity`` (1.0 = optimal)."""

@@ -7,8 +7,8 @@ from typing import Dict, Optional
 import torch
 
 from torchrec_ascend.policies.key_table import BoundedKeyScores
-from torchrec_ascend.policies.options import non_negative_int, positive_int
-from torchrec_ascend.policies.scored import ScoredEvictionPolicy, pack
+from torchrec_ascend.policies.options import non_negative_int
+from torchrec_ascend.policies.scored import EpochScoredPolicy, ScoredEvictionPolicy, pack
 
 
 class LFU(ScoredEvictionPolicy):
@@ -76,18 +76,13 @@ class LFU(ScoredEvictionPolicy):
             self.remembered.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
 
 
-class EpochLFU(ScoredEvictionPolicy):
+class EpochLFU(EpochScoredPolicy):
     """Frequency within epochs of ``epoch_steps`` steps: slots unused for the most epochs go first, then the least used.
 
     A slot is ranked by ``(epoch of its last access, accesses within that epoch)``. Counts restart when a slot is
     first used in a new epoch, so popularity that faded does not pin a slot forever (LFU's cache pollution).
 
-    Args:
-        capacity (int): number of slots.
-        epoch_steps (int): steps per epoch; >= 1.
-
-    Raises:
-        ConfigError: ``epoch_steps`` is not an integer >= 1.
+    Args, Raises: as :class:`EpochScoredPolicy` (``capacity``; ``epoch_steps`` >= 1, default 100).
 
     Example::
 
@@ -97,19 +92,17 @@ class EpochLFU(ScoredEvictionPolicy):
     state_names = ("last_epoch", "epoch_count")
 
     def __init__(self, capacity: int, epoch_steps: int = 100) -> None:
-        super().__init__(capacity)
-        self.epoch_steps = positive_int("epoch_lfu", "epoch_steps", epoch_steps)
-        self.last_epoch = torch.zeros(capacity, dtype=torch.int64)
+        super().__init__(capacity, epoch_steps, "epoch_lfu")
         self.epoch_count = torch.zeros(capacity, dtype=torch.int64)
 
     def reset(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
         self.epoch_count[slots] = 0
-        self.last_epoch[slots] = step // self.epoch_steps
+        self.last_epoch[slots] = self.epoch(step)
 
     def record(
         self, slots: torch.Tensor, counts: torch.Tensor, step: int, signals: Optional[Dict[str, torch.Tensor]]
     ) -> None:
-        epoch = step // self.epoch_steps
+        epoch = self.epoch(step)
         stale = self.last_epoch[slots] != epoch
         self.epoch_count[slots] = torch.where(stale, 0, self.epoch_count[slots]) + counts
         self.last_epoch[slots] = epoch

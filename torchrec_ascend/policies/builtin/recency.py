@@ -6,8 +6,7 @@ from typing import Dict, Optional
 
 import torch
 
-from torchrec_ascend.policies.options import positive_int
-from torchrec_ascend.policies.scored import ScoredEvictionPolicy, pack
+from torchrec_ascend.policies.scored import EpochScoredPolicy, ScoredEvictionPolicy, pack
 
 
 class LRU(ScoredEvictionPolicy):
@@ -44,19 +43,14 @@ class LRU(ScoredEvictionPolicy):
         return self.last_step
 
 
-class EpochLRU(ScoredEvictionPolicy):
+class EpochLRU(EpochScoredPolicy):
     """Recency in epochs of ``epoch_steps`` steps: slots unused for the most epochs go first, oldest insert first.
 
     Within an epoch all accesses count the same (like a CLOCK reference bit that is cleared every epoch), so a
     slot is ranked by ``(epoch of its last access, step it was inserted)``: among the slots last used in the same
     epoch, the one resident longest goes first. With ``epoch_steps=1`` it is LRU with FIFO tie-breaking.
 
-    Args:
-        capacity (int): number of slots.
-        epoch_steps (int): steps per epoch; >= 1.
-
-    Raises:
-        ConfigError: ``epoch_steps`` is not an integer >= 1.
+    Args, Raises: as :class:`EpochScoredPolicy` (``capacity``; ``epoch_steps`` >= 1, default 100).
 
     Example::
 
@@ -66,9 +60,7 @@ class EpochLRU(ScoredEvictionPolicy):
     state_names = ("last_epoch", "inserted_step")
 
     def __init__(self, capacity: int, epoch_steps: int = 100) -> None:
-        super().__init__(capacity)
-        self.epoch_steps = positive_int("epoch_lru", "epoch_steps", epoch_steps)
-        self.last_epoch = torch.zeros(capacity, dtype=torch.int64)
+        super().__init__(capacity, epoch_steps, "epoch_lru")
         self.inserted_step = torch.zeros(capacity, dtype=torch.int64)
 
     def reset(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
@@ -77,7 +69,7 @@ class EpochLRU(ScoredEvictionPolicy):
     def record(
         self, slots: torch.Tensor, counts: torch.Tensor, step: int, signals: Optional[Dict[str, torch.Tensor]]
     ) -> None:
-        self.last_epoch[slots] = step // self.epoch_steps
+        self.last_epoch[slots] = self.epoch(step)
 
     def scores(self, step: int) -> torch.Tensor:
         return pack(self.last_epoch, self.inserted_step)
