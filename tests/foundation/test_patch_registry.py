@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from patch_targets import FUNCTIONS
 from torchrec_ascend.adapters.requirements import installed_distribution, newer_than, version_problem
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.injection import drift
 from torchrec_ascend.injection.patch import Patch, Undo, resolve, set_attribute
 from torchrec_ascend.injection.registry import PatchRegistry, PatchState
@@ -110,7 +111,7 @@ def test_reverting_from_under_a_later_patch_of_the_same_target_is_refused(
 
 def test_unknown_names_in_revert_are_refused(new_target_module: Callable[[], ModuleType]) -> None:
     registry = PatchRegistry([patch_for(new_target_module(), "f0")], versions=SUPPORTED)
-    with pytest.raises(KeyError, match="t.nope"):
+    with pytest.raises(ConfigError, match="no patch named t.nope"):
         registry.revert(["t.nope"])
 
 

@@ -228,36 +228,41 @@ def _plain_int(value: Any, low: int, high: int) -> bool:
     return type(value) is int and low <= value <= high
 
 
-def array_spec(entry: Any) -> Tuple[np.dtype, Tuple[int, ...], int, int, int]:
+def array_spec(entry: Any, where: str) -> Tuple[np.dtype, Tuple[int, ...], int, int, int]:
     """``(dtype, shape, offset, nbytes, crc32)`` of an array's metadata entry, every field checked.
 
     The dtype must be a plain numeric one (``<i8``, ``|b1``...), the shape non-negative ints whose product times
     the item size is ``nbytes``, the offset past the header, all within :data:`MAX_BYTES`.
 
+    Args:
+        entry: the array's metadata entry, as read from the metadata file.
+        where: names the file and the entry; every message starts with it.
+
     Raises:
-        ValueError: the entry is malformed (callers name the file).
+        StorageError: the entry is malformed: ``"{where}: "`` and the rule it breaks.
 
     Example::
 
-        dtype, shape, offset, nbytes, crc = array_spec(entry)
+        dtype, shape, offset, nbytes, crc = array_spec(entry, "checkpoint file 'm.json', array 'ids'")
     """
     if not isinstance(entry, dict):
-        raise ValueError(f"an array entry must be a JSON object, got {type(entry).__name__}")
+        raise StorageError(f"{where}: an array entry must be a JSON object, got {type(entry).__name__}")
     missing = [key for key in ARRAY_KEYS if key not in entry]
     if missing:
-        raise ValueError(f"the array entry lacks {missing}")
+        raise StorageError(f"{where}: the array entry lacks {missing}")
     dtype_text, shape, offset, nbytes, crc = (entry[key] for key in ARRAY_KEYS)
     if not isinstance(dtype_text, str) or not _DTYPE.match(dtype_text):
-        raise ValueError(f"dtype {dtype_text!r} is not a plain numeric dtype ({NUMERIC_KINDS})")
+        raise StorageError(f"{where}: dtype {dtype_text!r} is not a plain numeric dtype ({NUMERIC_KINDS})")
     if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_plain_int(n, 0, MAX_BYTES) for n in shape):
-        raise ValueError(f"shape {shape!r} is not a list of at most {MAX_DIMS} non-negative ints")
+        raise StorageError(f"{where}: shape {shape!r} is not a list of at most {MAX_DIMS} non-negative ints")
     if not _plain_int(offset, len(HEADER), MAX_BYTES) or not _plain_int(nbytes, 0, MAX_BYTES):
-        raise ValueError(f"offset {offset!r} / byte count {nbytes!r} out of range")
+        raise StorageError(f"{where}: offset {offset!r} / byte count {nbytes!r} out of range")
     if not _plain_int(crc, 0, 2**32 - 1):
-        raise ValueError(f"checksum {crc!r} is not a CRC-32")
+        raise StorageError(f"{where}: checksum {crc!r} is not a CRC-32")
     dtype = np.dtype(dtype_text)
-    if dtype.itemsize * math.prod(shape) != nbytes:
-        raise ValueError(f"shape {shape} of {dtype_text} needs {dtype.itemsize * math.prod(shape)} bytes, not {nbytes}")
+    needed = dtype.itemsize * math.prod(shape)
+    if needed != nbytes:
+        raise StorageError(f"{where}: shape {shape} of {dtype_text} needs {needed} bytes, not {nbytes}")
     return dtype, tuple(shape), offset, nbytes, crc
 
 
@@ -282,10 +287,9 @@ def read_array(path: str, entry: Dict[str, Any], what: str) -> np.ndarray:
 
         ids = read_array(path, entry, "ids of table 'user'")
     """
-    try:
-        dtype, shape, offset, nbytes, expected = array_spec(entry)
-    except ValueError as error:
-        raise StorageError(f"checkpoint file '{path}': the metadata entry of {what} is inconsistent: {error}") from None
+    dtype, shape, offset, nbytes, expected = array_spec(
+        entry, f"checkpoint file '{path}': the metadata entry of {what} is inconsistent"
+    )
     try:
         with open_regular(path, what, MAX_BYTES) as f:
             if f.read(len(HEADER)) != HEADER:

@@ -55,7 +55,7 @@ def check_metadata(path: str, metadata: Dict[str, Any], version: int) -> None:
     """
     try:
         _check(metadata, version, os.path.dirname(path))
-    except (_Bad, StorageError) as error:  # StorageError: a file name leaving the folder (from confined)
+    except (_Bad, StorageError) as error:  # StorageError: from confined (a file name) and array_spec (an entry)
         raise StorageError(f"checkpoint file '{path}' is corrupted or crafted: {error}") from None
 
 
@@ -188,10 +188,7 @@ def _check_layout(layout: Dict[str, Any], where: str) -> int:
 
 
 def _array(entry: Any, file_size: int, where: str) -> Any:
-    try:
-        spec = array_spec(entry)
-    except ValueError as error:
-        raise _Bad(f"{where}: {error}") from None
+    spec = array_spec(entry, where)  # a StorageError naming ``where``; check_metadata adds the file
     offset, nbytes = spec[2], spec[3]
     if offset + nbytes > file_size:
         raise _Bad(f"{where}: bytes {offset}..{offset + nbytes} lie beyond its data file's {file_size} bytes")

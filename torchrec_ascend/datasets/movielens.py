@@ -270,14 +270,14 @@ def _column(rows: np.ndarray, index: int, name: str, dtype: torch.dtype, source:
     cells = rows[:, index]
     is_id = dtype == torch.int64
     try:
-        parsed = cells.astype(np.int64 if is_id else np.float64)
-        if (is_id and bool((parsed < 0).any())) or (not is_id and not bool(np.isfinite(parsed).all())):
-            raise ValueError("negative ID or a value that is not finite")
-        return torch.from_numpy(parsed).to(dtype)
+        parsed: Optional[np.ndarray] = cells.astype(np.int64 if is_id else np.float64)
     except (ValueError, OverflowError):
-        bad = _first_bad(cells, is_id)
-        rule = "a non-negative integer ID" if is_id else "a number"
-        raise StorageError(f"{source}, line {bad + 2}, column {name!r}: {str(cells[bad])!r} is not {rule}.") from None
+        parsed = None
+    if parsed is not None and (bool((parsed >= 0).all()) if is_id else bool(np.isfinite(parsed).all())):
+        return torch.from_numpy(parsed).to(dtype)
+    bad = _first_bad(cells, is_id)
+    rule = "a non-negative integer ID" if is_id else "a number"
+    raise StorageError(f"{source}, line {bad + 2}, column {name!r}: {str(cells[bad])!r} is not {rule}.")
 
 
 def _first_bad(cells: np.ndarray, is_id: bool) -> int:

@@ -407,6 +407,7 @@ class SlotTable(torch.nn.Module):
             slots, left = table.changes_since_mark()
         """
         if self._mark_step is None or self._left is None:
+            # builtin: an internal invariant, the Saver checks checkpoint_mark first (no mark: a full save)
             raise RuntimeError(f"table {self.table!r}: no checkpoint mark; an incremental save needs a full one first")
         used = ((self.last_used > self._mark_step) & (self.slot_ids >= 0)).nonzero().squeeze(1)
         left = torch.unique(torch.cat(self._left)) if self._left else _EMPTY

@@ -174,14 +174,17 @@ class PatchRegistry:
         """Undo the applied patches named (default: all), last applied first.
 
         Raises:
-            KeyError: a name is not registered.
-            ConfigError: a patch would be reverted from under a later applied patch of the same target that stays
-                applied (its undo would silently drop that patch too); revert both, or the later one first.
+            ConfigError: a name is not registered, or a patch would be reverted from under a later applied patch of
+                the same target that stays applied (its undo would silently drop that patch too); revert both, or the
+                later one first.
         """
         wanted = set(self._status) if names is None else set(names)
         unknown = wanted - set(self._status)
         if unknown:
-            raise KeyError(f"no patch named {', '.join(sorted(unknown))}; registered: {', '.join(self._status)}")
+            raise ConfigError(
+                f"revert: no patch named {', '.join(sorted(unknown))}; name registered patches: "
+                f"{', '.join(self._status)}"
+            )
         order = list(self._undo)
         for i, name in enumerate(order):
             target = self._status[name].patch.target

@@ -18,6 +18,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from torchrec_ascend.errors import ConfigError
+
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's Weyl increment
 NOT_FOUND = -1
@@ -165,7 +167,8 @@ def hash_uniform_init(ids: torch.Tensor, seed: int, dim: int, low: float, high: 
         Tensor: float32 ``[n, dim]``.
 
     Raises:
-        ValueError: ``dim < 0``, ``low >= high``, or a bound (or their distance) not finite in float32.
+        ConfigError: ``dim < 0``, ``low >= high``, or a bound (or their distance) not finite in float32 (a
+            ValueError, as the native op raises).
 
     Example::
 
@@ -173,7 +176,10 @@ def hash_uniform_init(ids: torch.Tensor, seed: int, dim: int, low: float, high: 
     """
     scale = _to_float32(high - low)
     if dim < 0 or not (math.isfinite(low) and math.isfinite(high) and low < high and math.isfinite(scale)):
-        raise ValueError(f"hash_uniform_init: need dim >= 0 and finite low < high, got {dim=}, {low=}, {high=}")
+        raise ConfigError(
+            f"hash_uniform_init: the rows' init range needs dim >= 0 and finite low < high (weight_init_min < "
+            f"weight_init_max), got {dim=}, {low=}, {high=}"
+        )
     seed_mix = mix64(seed)
     rows = []
     for i in ids.tolist():
