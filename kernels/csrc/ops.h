@@ -32,6 +32,44 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor> hash_b
     const at::Tensor& lengths, const at::Tensor& values, const std::optional<at::Tensor>& weights, int64_t world_size);
 at::Tensor hash_uniform_init_cpu(const at::Tensor& ids, int64_t seed, int64_t dim, double low, double high);
 
+// ---- KEY_VALUE key indexes (cpu/key_index.cpp, cpu/open_table.h): partitioned open-addressing buckets owned by
+// torchrec_ascend/kernels/key_value/key_index.py. The insert ops return an int64 scalar: -1, or the partition that would
+// outgrow its reserved buckets (then nothing changed).
+at::Tensor key_index_lookup_cpu(
+    const at::Tensor& buckets, const at::Tensor& sizes, const at::Tensor& key_column, const at::Tensor& keys);
+at::Tensor key_index_insert_cpu(
+    const at::Tensor& buckets,
+    const at::Tensor& sizes,
+    const at::Tensor& live,
+    const at::Tensor& used,
+    const at::Tensor& key_column,
+    const at::Tensor& slots,
+    double max_load,
+    double low_load);
+at::Tensor key_index_remove_cpu(
+    const at::Tensor& buckets,
+    const at::Tensor& sizes,
+    const at::Tensor& live,
+    const at::Tensor& key_column,
+    const at::Tensor& keys);
+at::Tensor fingerprint_find_cpu(
+    const at::Tensor& buckets,
+    const at::Tensor& sizes,
+    const at::Tensor& part,
+    const at::Tensor& fingerprints,
+    const at::Tensor& after,
+    int64_t fingerprint_bits);
+at::Tensor fingerprint_insert_cpu(
+    const at::Tensor& buckets,
+    const at::Tensor& sizes,
+    const at::Tensor& live,
+    const at::Tensor& used,
+    const at::Tensor& part,
+    const at::Tensor& entries,
+    int64_t fingerprint_bits,
+    double max_load,
+    double low_load);
+
 // ---- input checks (messages name the op and the argument, and say how to fix the call)
 void check_1d_int64(const at::Tensor& t, const char* op, const char* arg);
 void check_non_negative(const at::Tensor& ids, const char* op);

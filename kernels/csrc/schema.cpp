@@ -15,6 +15,23 @@ TORCH_LIBRARY(torchrec_ascend, m) {
   m.def(
       "id_map_rebuild(Tensor(a!) buckets, Tensor(b!) free_slots, Tensor(c!) counters, Tensor ids, Tensor slots)"
       " -> ()");
+  // KEY_VALUE key indexes (torchrec_ascend/kernels/key_value/key_index.py): buckets [partitions * stride] (int32
+  // bits of uint32 slot + 1 for key_index_*, int64 bits of uint64 fingerprint | location + 1 for fingerprint_*;
+  // 0 empty, all ones a tombstone), sizes/live/used int64[partitions]. Inserts return an int64 scalar: -1, or the
+  // partition that would outgrow its stride (nothing changed then).
+  m.def("key_index_lookup(Tensor buckets, Tensor sizes, Tensor key_column, Tensor keys) -> Tensor");
+  m.def(
+      "key_index_insert(Tensor(a!) buckets, Tensor(b!) sizes, Tensor(c!) live, Tensor(d!) used, Tensor key_column,"
+      " Tensor slots, float max_load, float low_load) -> Tensor");
+  m.def(
+      "key_index_remove(Tensor(a!) buckets, Tensor sizes, Tensor(b!) live, Tensor key_column, Tensor keys)"
+      " -> Tensor");
+  m.def(
+      "fingerprint_find(Tensor buckets, Tensor sizes, Tensor part, Tensor fingerprints, Tensor after,"
+      " int fingerprint_bits) -> Tensor");
+  m.def(
+      "fingerprint_insert(Tensor(a!) buckets, Tensor(b!) sizes, Tensor(c!) live, Tensor(d!) used, Tensor part,"
+      " Tensor entries, int fingerprint_bits, float max_load, float low_load) -> Tensor");
   m.def("hash_unique(Tensor ids) -> (Tensor unique, Tensor inverse, Tensor counts)");
   m.def("hash_rank(Tensor ids, int world_size) -> Tensor");
   m.def(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from torchrec_ascend.hash.id_map import IdMap
+from torchrec_ascend.kernels.key_value.key_index import LOW_LOAD, MAX_LOAD, KeyIndex, OpenTable
 from torchrec_ascend.native import ops
 
 # Changing one of these breaks checkpoints, compiled graphs or NPU kernels written against it: add a new op instead.
@@ -20,6 +22,17 @@ SCHEMAS = {
     "id_map_export": "torchrec_ascend::id_map_export(Tensor buckets, Tensor counters) -> (Tensor ids, Tensor slots)",
     "id_map_rebuild": "torchrec_ascend::id_map_rebuild(Tensor(a!) buckets, Tensor(b!) free_slots, "
     "Tensor(c!) counters, Tensor ids, Tensor slots) -> ()",
+    "key_index_lookup": "torchrec_ascend::key_index_lookup(Tensor buckets, Tensor sizes, Tensor key_column, "
+    "Tensor keys) -> Tensor",
+    "key_index_insert": "torchrec_ascend::key_index_insert(Tensor(a!) buckets, Tensor(b!) sizes, Tensor(c!) live, "
+    "Tensor(d!) used, Tensor key_column, Tensor slots, float max_load, float low_load) -> Tensor",
+    "key_index_remove": "torchrec_ascend::key_index_remove(Tensor(a!) buckets, Tensor sizes, Tensor(b!) live, "
+    "Tensor key_column, Tensor keys) -> Tensor",
+    "fingerprint_find": "torchrec_ascend::fingerprint_find(Tensor buckets, Tensor sizes, Tensor part, "
+    "Tensor fingerprints, Tensor after, int fingerprint_bits) -> Tensor",
+    "fingerprint_insert": "torchrec_ascend::fingerprint_insert(Tensor(a!) buckets, Tensor(b!) sizes, "
+    "Tensor(c!) live, Tensor(d!) used, Tensor part, Tensor entries, int fingerprint_bits, float max_load, "
+    "float low_load) -> Tensor",
     "hash_unique": "torchrec_ascend::hash_unique(Tensor ids) -> (Tensor unique, Tensor inverse, Tensor counts)",
     "hash_rank": "torchrec_ascend::hash_rank(Tensor ids, int world_size) -> Tensor",
     "hash_bucketize": "torchrec_ascend::hash_bucketize(Tensor lengths, Tensor values, Tensor? weights, "
@@ -48,10 +61,36 @@ def filled_state():
     return id_map.buckets.clone(), id_map.free_slots.clone(), id_map.counters.clone()
 
 
+def key_index_state():
+    """A host-tier key index holding keys 20 and 30 (slots 0, 1) with key 10 removed: its state tensors, cloned."""
+    index = KeyIndex(max_capacity=64)
+    index.insert(torch.tensor([10, 20, 30]))
+    index.remove(torch.tensor([10]))
+    return [t.clone() for t in index._table.state], index._key_column.clone()
+
+
+def fingerprint_state():
+    """A disk-tier index of two partitions holding three entries: its state tensors."""
+    state = [t.clone() for t in OpenTable(np.uint64, 2, 64).state]
+    ops.fingerprint_insert(*state, torch.tensor([0, 1, 1]), torch.tensor([5 << 36 | 1, 7 << 36 | 2, 9 << 36 | 3]),
+                           28, MAX_LOAD, LOW_LOAD)
+    return state
+
+
 def opcheck_cases():
     ids = torch.tensor([20, 5, 20, 7, 30])
     lengths = torch.tensor([2, 0, 3], dtype=torch.int32)
+    (buckets, sizes, live, used), key_column = key_index_state()
+    key_column[2] = 5
+    fingerprints = fingerprint_state()
     return {
+        "key_index_lookup": (buckets, sizes, key_column, ids),
+        "key_index_insert": (buckets, sizes, live, used, key_column, torch.tensor([2]), MAX_LOAD, LOW_LOAD),
+        "key_index_remove": (buckets, sizes, live, key_column, ids),
+        "fingerprint_find": (fingerprints[0], fingerprints[1], torch.tensor([0, 1, 1]), torch.tensor([5, 9, 4]),
+                             torch.tensor([-1, -1, -1]), 28),
+        "fingerprint_insert": (*fingerprints, torch.tensor([1]), torch.tensor([11 << 36 | 4]), 28, MAX_LOAD,
+                               LOW_LOAD),
         "id_map_insert_or_lookup": (*filled_state(), ids),
         "id_map_lookup": (filled_state()[0], ids),
         "id_map_remove": (*filled_state(), ids),

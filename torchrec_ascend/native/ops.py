@@ -12,6 +12,12 @@ The ID map ops work on the state tensors of :class:`torchrec_ascend.hash.id_map.
 functions here are its building blocks): ``buckets`` int64 ``[num_buckets, 2]`` (key, slot; key -1 = empty;
 num_buckets a power of two larger than the capacity), ``free_slots`` int64 ``[capacity]`` (a stack) and ``counters``
 int64 ``[2]`` (next_fresh, num_free).
+
+The key index ops work in place on the arrays of the KEY_VALUE stores' indexes
+(:mod:`torchrec_ascend.kernels.key_value.key_index`, which documents the layout): ``buckets`` ``[partitions *
+stride]``, int32 (the bits of a uint32 ``slot + 1``) for ``key_index_*`` and int64 (the bits of a uint64
+``fingerprint << location_bits | location + 1``) for ``fingerprint_*``, 0 empty, all ones a tombstone; ``sizes``,
+``live`` and ``used`` int64 ``[partitions]``. They never copy more than one partition.
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ __all__ = [
     "id_map_lookup",
     "id_map_rebuild",
     "id_map_remove",
+    "fingerprint_find",
+    "fingerprint_insert",
+    "key_index_insert",
+    "key_index_lookup",
+    "key_index_remove",
 ]
 
 _ops = torch.ops.torchrec_ascend
@@ -261,6 +272,133 @@ def hash_uniform_init(ids: torch.Tensor, seed: int, dim: int, low: float, high: 
     return _ops.hash_uniform_init(ids, seed, dim, low, high)
 
 
+def key_index_lookup(
+    buckets: torch.Tensor, sizes: torch.Tensor, key_column: torch.Tensor, keys: torch.Tensor
+) -> torch.Tensor:
+    """Slot of each key in a host-tier key index, ``-1`` where absent (read-only; repeats allowed).
+
+    Key ``k`` lives in partition ``h & (partitions - 1)`` with ``h = mix64(k + GOLDEN)``, home bucket
+    ``(h >> 32) * size >> 32``; the key of slot ``s`` is ``key_column[s]``.
+
+    Args:
+        buckets (Tensor): int32 ``[partitions * stride]``.
+        sizes (Tensor): int64 ``[partitions]``, buckets in use per partition.
+        key_column (Tensor): int64 ``[max_slots]``, slot -> key.
+        keys (Tensor): int64 ``[n]``.
+
+    Returns:
+        Tensor: int64 ``[n]``.
+
+    Example::
+
+        slots = key_index_lookup(index.buckets, index.sizes, index.key_column, torch.tensor([7, 8]))
+    """
+    return _ops.key_index_lookup(buckets, sizes, key_column, keys)
+
+
+def key_index_insert(
+    buckets: torch.Tensor,
+    sizes: torch.Tensor,
+    live: torch.Tensor,
+    used: torch.Tensor,
+    key_column: torch.Tensor,
+    slots: torch.Tensor,
+    max_load: float,
+    low_load: float,
+) -> int:
+    """Index ``slots`` under their keys ``key_column[slots]`` (distinct keys, all absent: the caller checks).
+
+    First every partition that the new keys would fill past ``max_load`` (live + tombstones) is rebuilt without
+    tombstones at ``low_load``: ``max(8, ceil(keys / low_load) + 1)`` buckets; then each key takes the first empty
+    or tombstone bucket from its home on.
+
+    Args:
+        buckets, sizes, live, used (Tensor): the index state, mutated.
+        key_column (Tensor): int64 ``[max_slots]``, with the new keys already written at ``slots``.
+        slots (Tensor): int64 ``[n]``.
+        max_load, low_load (float): the load that triggers a rebuild and the load it rebuilds to.
+
+    Returns:
+        int: ``-1``, or the first partition that would need more than ``stride`` buckets (nothing changed).
+
+    Example::
+
+        full = key_index_insert(*state, key_column, torch.tensor([0, 1]), 0.8, 0.8 / 1.3)
+    """
+    return int(_ops.key_index_insert(buckets, sizes, live, used, key_column, slots, max_load, low_load))
+
+
+def key_index_remove(
+    buckets: torch.Tensor, sizes: torch.Tensor, live: torch.Tensor, key_column: torch.Tensor, keys: torch.Tensor
+) -> torch.Tensor:
+    """Turn the buckets of the keys found into tombstones; absent keys and repeats are skipped.
+
+    Returns:
+        Tensor: int64 ``[m]``, the freed slots in order of the keys' first occurrence.
+
+    Example::
+
+        freed = key_index_remove(buckets, sizes, live, key_column, torch.tensor([7, 7, 9]))
+    """
+    return _ops.key_index_remove(buckets, sizes, live, key_column, keys)
+
+
+def fingerprint_find(
+    buckets: torch.Tensor,
+    sizes: torch.Tensor,
+    part: torch.Tensor,
+    fingerprints: torch.Tensor,
+    after: torch.Tensor,
+    fingerprint_bits: int,
+) -> torch.Tensor:
+    """First bucket along each key's probe whose entry's top ``fingerprint_bits`` equal its fingerprint, or -1.
+
+    The probe starts at the home bucket ``fingerprint * size >> fingerprint_bits`` of partition ``part[i]``, or
+    just after bucket ``after[i]`` when that is >= 0 (to go on past a candidate that turned out to be another key's),
+    and ends at an empty bucket.
+
+    Args:
+        buckets (Tensor): int64 ``[partitions * stride]``.
+        sizes (Tensor): int64 ``[partitions]``.
+        part, fingerprints, after (Tensor): int64 ``[n]``.
+        fingerprint_bits (int): in ``[1, 63]``.
+
+    Returns:
+        Tensor: int64 ``[n]``, global bucket indexes.
+
+    Example::
+
+        candidates = fingerprint_find(buckets, sizes, part, fingerprints, torch.full_like(part, -1), 28)
+    """
+    return _ops.fingerprint_find(buckets, sizes, part, fingerprints, after, fingerprint_bits)
+
+
+def fingerprint_insert(
+    buckets: torch.Tensor,
+    sizes: torch.Tensor,
+    live: torch.Tensor,
+    used: torch.Tensor,
+    part: torch.Tensor,
+    entries: torch.Tensor,
+    fingerprint_bits: int,
+    max_load: float,
+    low_load: float,
+) -> int:
+    """Store ``entries`` (of absent keys, neither 0 nor all ones) in their partitions, rebuilding those that would
+    pass ``max_load`` first (as :func:`key_index_insert`); the home of an entry comes from its fingerprint.
+
+    Returns:
+        int: ``-1``, or the first partition that would need more than ``stride`` buckets (nothing changed).
+
+    Example::
+
+        full = fingerprint_insert(buckets, sizes, live, used, part, entries, 28, 0.8, 0.8 / 1.3)
+    """
+    return int(
+        _ops.fingerprint_insert(buckets, sizes, live, used, part, entries, fingerprint_bits, max_load, low_load)
+    )
+
+
 # ---- fake kernels: output shapes and dtypes only; data-dependent sizes become unbacked symbols.
 
 
@@ -323,3 +461,58 @@ def _hash_bucketize_fake(
 @torch.library.register_fake("torchrec_ascend::hash_uniform_init")
 def _hash_uniform_init_fake(ids: torch.Tensor, seed: int, dim: int, low: float, high: float) -> torch.Tensor:
     return ids.new_empty((ids.numel(), dim), dtype=torch.float32)
+
+
+@torch.library.register_fake("torchrec_ascend::key_index_lookup")
+def _key_index_lookup_fake(
+    buckets: torch.Tensor, sizes: torch.Tensor, key_column: torch.Tensor, keys: torch.Tensor
+) -> torch.Tensor:
+    return torch.empty_like(keys)
+
+
+@torch.library.register_fake("torchrec_ascend::key_index_insert")
+def _key_index_insert_fake(
+    buckets: torch.Tensor,
+    sizes: torch.Tensor,
+    live: torch.Tensor,
+    used: torch.Tensor,
+    key_column: torch.Tensor,
+    slots: torch.Tensor,
+    max_load: float,
+    low_load: float,
+) -> torch.Tensor:
+    return sizes.new_empty(())
+
+
+@torch.library.register_fake("torchrec_ascend::key_index_remove")
+def _key_index_remove_fake(
+    buckets: torch.Tensor, sizes: torch.Tensor, live: torch.Tensor, key_column: torch.Tensor, keys: torch.Tensor
+) -> torch.Tensor:
+    return keys.new_empty(torch.library.get_ctx().new_dynamic_size())
+
+
+@torch.library.register_fake("torchrec_ascend::fingerprint_find")
+def _fingerprint_find_fake(
+    buckets: torch.Tensor,
+    sizes: torch.Tensor,
+    part: torch.Tensor,
+    fingerprints: torch.Tensor,
+    after: torch.Tensor,
+    fingerprint_bits: int,
+) -> torch.Tensor:
+    return torch.empty_like(part)
+
+
+@torch.library.register_fake("torchrec_ascend::fingerprint_insert")
+def _fingerprint_insert_fake(
+    buckets: torch.Tensor,
+    sizes: torch.Tensor,
+    live: torch.Tensor,
+    used: torch.Tensor,
+    part: torch.Tensor,
+    entries: torch.Tensor,
+    fingerprint_bits: int,
+    max_load: float,
+    low_load: float,
+) -> torch.Tensor:
+    return sizes.new_empty(())

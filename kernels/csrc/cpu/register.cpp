@@ -9,6 +9,11 @@ TORCH_LIBRARY_IMPL(torchrec_ascend, CPU, m) {
   m.impl("id_map_remove", &torchrec_ascend::id_map_remove_cpu);
   m.impl("id_map_export", &torchrec_ascend::id_map_export_cpu);
   m.impl("id_map_rebuild", &torchrec_ascend::id_map_rebuild_cpu);
+  m.impl("key_index_lookup", &torchrec_ascend::key_index_lookup_cpu);
+  m.impl("key_index_insert", &torchrec_ascend::key_index_insert_cpu);
+  m.impl("key_index_remove", &torchrec_ascend::key_index_remove_cpu);
+  m.impl("fingerprint_find", &torchrec_ascend::fingerprint_find_cpu);
+  m.impl("fingerprint_insert", &torchrec_ascend::fingerprint_insert_cpu);
   m.impl("hash_unique", &torchrec_ascend::hash_unique_cpu);
   m.impl("hash_rank", &torchrec_ascend::hash_rank_cpu);
   m.impl("hash_bucketize", &torchrec_ascend::hash_bucketize_cpu);

@@ -29,15 +29,16 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Dict, Iterator, List, NoReturn, Optional, Set, Tuple
+from typing import Callable, Dict, Iterator, List, NoReturn, Optional, Set, Tuple
 
 import numpy as np
 import torch
 
 from torchrec_ascend.errors import ConfigError, StorageError
+from torchrec_ascend.native import ops
 
 from .disk_record import RecordFormat
-from .key_index import OpenTable, mix64, scale, trim_heap
+from .key_index import LOW_LOAD, MAX_LOAD, OpenTable, mix64, trim_heap
 from .row_store import check_keys, check_rows, last_occurrence
 from .segment_file import SegmentFile
 
@@ -119,7 +120,7 @@ class DiskStore:
                 f"{self.where}: cannot create a directory under '{directory}': {error}; give the table a writable "
                 f"disk directory"
             ) from error
-        self._table = OpenTable(np.uint64, PARTITIONS, MAX_BUCKETS, self._home_of)
+        self._table = OpenTable(np.uint64, PARTITIONS, MAX_BUCKETS)
         self._segments: Dict[int, SegmentFile] = {}
         self._free_ids: List[int] = []  # numbers of deleted segments, reused lowest first
         self._active: Optional[SegmentFile] = None
@@ -197,13 +198,9 @@ class DiskStore:
         part, fingerprint, _ = self._hash(keys.numpy())
         entries = (fingerprint << _SHIFT) | (locations.astype(np.uint64) + np.uint64(1))
         present = buckets >= 0
+        self._insert(part[~present], entries[~present])
         self._release(self._locations_at(buckets[present]))
         self._table.buckets[buckets[present]] = entries[present]
-        absent = ~present
-        if absent.any():
-            self._table.make_room(part[absent])
-            homes = scale(fingerprint[absent], FINGERPRINT_BITS, self._table.size[part[absent]])
-            self._table.insert(part[absent], homes, entries[absent])
         self._count_live(locations, +1)
         self._version += 1
 
@@ -248,7 +245,7 @@ class DiskStore:
                         raise ConfigError(f"{self.where}: bulk_load got a key more than once; keys must be distinct")
                     entries_p = np.concatenate([e for _, e in pieces])
                     parts[p] = []
-                    self._table.rehash(p, entries_p.size, entries_p)
+                    self._insert(np.full(entries_p.size, p, dtype=np.int64), entries_p)
         except BaseException:
             self._reset()
             raise
@@ -271,7 +268,7 @@ class DiskStore:
         self._free_ids.clear()
         self._next_segment_id = 0
         self._active = None
-        self._table = OpenTable(np.uint64, PARTITIONS, MAX_BUCKETS, self._home_of)
+        self._table = OpenTable(np.uint64, PARTITIONS, MAX_BUCKETS)
 
     def contains(self, keys: torch.Tensor) -> torch.Tensor:
         """Bool ``[n]``: which keys the store holds (their records are read to verify the key).
@@ -359,9 +356,38 @@ class DiskStore:
         h = mix64(keys.view(np.uint64))
         return (h & np.uint64(PARTITIONS - 1)).astype(np.int64), h >> _SHIFT, h
 
-    @staticmethod
-    def _home_of(entries: np.ndarray, p: int, size: int) -> np.ndarray:
-        return scale(entries >> _SHIFT, FINGERPRINT_BITS, np.int64(size))
+    def _insert(self, part: np.ndarray, entries: np.ndarray) -> None:
+        """Index ``entries`` (uint64) of absent keys in partitions ``part``; nothing changes if one would not fit."""
+        if part.size:
+            full = ops.fingerprint_insert(
+                *self._table.state, torch.from_numpy(part), torch.from_numpy(entries.view(np.int64)),
+                FINGERPRINT_BITS, MAX_LOAD, LOW_LOAD,
+            )
+            if full >= 0:
+                raise self._table.full_error(full, self.where)
+
+    def _probe(
+        self, part: np.ndarray, fingerprint: np.ndarray, accept: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    ) -> np.ndarray:
+        """Each key's bucket, -1 where absent: the first bucket along its probe whose fingerprint matches and that
+        ``accept(which, buckets) -> bool`` takes for keys ``which``; a rejected one (another key's entry with the
+        same fingerprint) sends that key's probe on past it. One native probe per round; collisions are rare, so
+        a batch usually settles in one round."""
+        found = np.full(part.size, -1, dtype=np.int64)
+        which = np.arange(part.size)
+        after = found.copy()
+        buckets, sizes = self._table.state[:2]
+        while which.size:
+            candidates = ops.fingerprint_find(
+                buckets, sizes, torch.from_numpy(part[which]), torch.from_numpy(fingerprint[which].view(np.int64)),
+                torch.from_numpy(after), FINGERPRINT_BITS,
+            ).numpy()
+            some = candidates >= 0
+            which, candidates = which[some], candidates[some]
+            mine = accept(which, candidates) if which.size else np.zeros(0, dtype=bool)
+            found[which[mine]] = candidates[mine]
+            which, after = which[~mine], candidates[~mine]
+        return found
 
     def _locations_at(self, buckets: np.ndarray) -> np.ndarray:
         return (self._table.buckets[buckets] & _LOCATION_MASK).astype(np.int64) - 1
@@ -379,27 +405,21 @@ class DiskStore:
             return np.full(values.size, -1, dtype=np.int64), records
         part, fingerprint, _ = self._hash(values)
 
-        def match(entries: np.ndarray, which: np.ndarray, buckets: np.ndarray) -> np.ndarray:
-            hit = (entries >> _SHIFT) == fingerprint[which]
-            candidates = np.flatnonzero(hit)
-            if candidates.size:
-                who = which[candidates]
-                locations = (entries[candidates] & _LOCATION_MASK).astype(np.int64) - 1
-                got = self._read(locations, keys[torch.from_numpy(who)])
-                mine = got[:, 0] == values[who].view(np.uint64)
-                others = np.flatnonzero(~mine)
-                if others.size:
-                    other_part, other_fingerprint, _ = self._hash(got[others, 0].view(np.int64))
-                    misplaced = (other_part != part[who[others]]) | (other_fingerprint != fingerprint[who[others]])
-                    if misplaced.any():
-                        bad = others[misplaced]
-                        self._raise_damaged(locations[bad], keys[torch.from_numpy(who[bad])])
-                records[who[mine]] = got[mine]
-                hit[candidates] = mine
-            return hit
+        def verify(who: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+            locations = self._locations_at(buckets)
+            got = self._read(locations, keys[torch.from_numpy(who)])
+            mine = got[:, 0] == values[who].view(np.uint64)
+            others = np.flatnonzero(~mine)
+            if others.size:
+                other_part, other_fingerprint, _ = self._hash(got[others, 0].view(np.int64))
+                misplaced = (other_part != part[who[others]]) | (other_fingerprint != fingerprint[who[others]])
+                if misplaced.any():
+                    bad = others[misplaced]
+                    self._raise_damaged(locations[bad], keys[torch.from_numpy(who[bad])])
+            records[who[mine]] = got[mine]
+            return mine
 
-        homes = scale(fingerprint, FINGERPRINT_BITS, self._table.size[part])
-        return self._table.find(part, homes, match), records
+        return self._probe(part, fingerprint, verify), records
 
     def _rows_of(self, keys: torch.Tensor, located: Tuple[np.ndarray, np.ndarray]) -> Tuple[torch.Tensor, torch.Tensor]:
         buckets, records = located
@@ -552,8 +572,7 @@ class DiskStore:
         valid = np.flatnonzero(records[:, 1] == self._format.checksums(records, locations))
         part, fingerprint, _ = self._hash(records[valid, 0].view(np.int64))
         expected = (fingerprint << _SHIFT) | (locations[valid].astype(np.uint64) + np.uint64(1))
-        homes = scale(fingerprint, FINGERPRINT_BITS, self._table.size[part])
-        buckets = self._table.find(part, homes, lambda entries, which, _: entries == expected[which])
+        buckets = self._probe(part, fingerprint, lambda which, at: self._table.buckets[at] == expected[which])
         live = buckets >= 0
         if int(live.sum()) != seg.live:
             self._damaged.add(seg.segment_id)

@@ -4,8 +4,10 @@ Both tiers index keys with :class:`OpenTable`: ``partitions`` open-addressing ta
 laid out in one anonymous memory mapping that reserves address space for the largest size each partition may
 reach and costs memory only for the pages it touches. A partition grows on its own (by about 1.3x, rehashing only
 its entries), so growth never holds two copies of the index, only a copy of one partition; the load of every
-partition stays in ``[LOW_LOAD, MAX_LOAD]`` = ``[0.62, 0.8]`` of its buckets. Every operation is vectorized over
-a batch: one numpy pass per probe round, never a Python loop over keys.
+partition stays in ``[LOW_LOAD, MAX_LOAD]`` = ``[0.62, 0.8]`` of its buckets. Probes, inserts and rebuilds are
+native ops over a whole batch (``torch.ops.torchrec_ascend.key_index_*`` and ``fingerprint_*``, see
+:mod:`torchrec_ascend.native.ops`) working in place on these arrays: one pass over the keys, the home buckets
+prefetched ahead, no temporaries beyond a few integers per key.
 
 * :class:`KeyIndex` (host tier): key -> slot. A bucket is a uint32 (``slot + 1``); the full key sits in the
   slot -> key column, which the host store needs anyway to name the rows it spills. Memory per slot: 8 (key) + 4 /
@@ -28,20 +30,19 @@ import ctypes
 import ctypes.util
 import mmap
 import os
-from typing import Callable, Optional, Tuple, cast
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
 from numpy.typing import DTypeLike
 
 from torchrec_ascend.errors import CapacityError
+from torchrec_ascend.native import ops
 
 MAX_LOAD = 0.8  # a partition is rehashed before more of its buckets than this are used (live or tombstone)
 GROWTH = 1.3  # a rehash sizes the partition for its keys at MAX_LOAD / GROWTH
 LOW_LOAD = MAX_LOAD / GROWTH
 MIN_BUCKETS = 8
-WINDOW = 8  # buckets probed per key and round
-_STEPS = np.arange(WINDOW)
 PAGE = mmap.PAGESIZE
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 _U64 = np.uint64
@@ -61,15 +62,6 @@ def reserve(dtype: DTypeLike, length: int) -> np.ndarray:
     nbytes = max(PAGE, length * np.dtype(dtype).itemsize)
     buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
     return np.frombuffer(buffer, dtype=dtype, count=length)
-
-
-def release(array: np.ndarray, start: int, stop: int) -> None:
-    """Give back to the system the whole pages of ``array[start:stop]`` (a :func:`reserve` array); they read 0."""
-    base = array.__array_interface__["data"][0]
-    first = -(-(base + start * array.itemsize) // PAGE) * PAGE
-    last = (base + stop * array.itemsize) // PAGE * PAGE
-    if last > first:
-        cast(mmap.mmap, array.base).madvise(mmap.MADV_DONTNEED, first - base, last - first)  # reserve()'s mapping
 
 
 def trim_heap() -> None:
@@ -103,30 +95,25 @@ def mix64(keys: np.ndarray) -> np.ndarray:
     return z ^ (z >> _U64(31))
 
 
-def scale(fraction: np.ndarray, bits: int, size: np.ndarray) -> np.ndarray:
-    """``floor(fraction * size / 2**bits)`` as int64: a ``bits``-bit hash mapped onto ``[0, size)``."""
-    return ((fraction.astype(_U64) * size.astype(_U64)) >> _U64(bits)).astype(np.int64)
-
-
 class OpenTable:
     """Partitioned open-addressing buckets (see the module docstring); callers decide what a bucket holds.
 
-    A bucket is an unsigned integer: 0 is empty, ``tomb`` a removed entry, anything else an entry. The caller
-    maps keys to ``(partition, home)`` and tells a probe which entries match.
+    A bucket is an unsigned integer: 0 is empty, all ones a removed entry, anything else an entry. Probing,
+    inserting and rebuilding partitions are native ops (:mod:`torchrec_ascend.native.ops` ``key_index_*`` and
+    ``fingerprint_*``) working in place on :attr:`state`, torch views of these arrays.
 
     Args:
         dtype: bucket type (``np.uint32`` or ``np.uint64``).
         partitions (int): a power of two.
         max_buckets (int): the most buckets one partition may have (address space is reserved for it).
-        home_of (Callable): ``home_of(entries, partition, size) -> int64 homes``, for rehashing a partition.
 
     Example::
 
-        table = OpenTable(np.uint32, 1, 64, lambda e, p, size: (e % size).astype(np.int64))
+        table = OpenTable(np.uint64, 4, 64)
+        table.nbytes  # 0: no partition holds a key yet
     """
 
-    def __init__(self, dtype: DTypeLike, partitions: int, max_buckets: int,
-                 home_of: Callable[[np.ndarray, int, int], np.ndarray]) -> None:
+    def __init__(self, dtype: DTypeLike, partitions: int, max_buckets: int) -> None:
         self.dtype = np.dtype(dtype)
         self.tomb = np.iinfo(self.dtype).max
         self.partitions = partitions
@@ -135,7 +122,9 @@ class OpenTable:
         self.size = np.zeros(partitions, dtype=np.int64)  # 0 until a partition holds a key: probes find it empty
         self.live = np.zeros(partitions, dtype=np.int64)
         self.used = np.zeros(partitions, dtype=np.int64)  # live + tombstones
-        self._home_of = home_of
+        signed = np.int32 if self.dtype.itemsize == 4 else np.int64
+        #: ``(buckets, sizes, live, used)`` as tensors sharing these arrays' memory (buckets as signed bits).
+        self.state = tuple(torch.from_numpy(a) for a in (self.buckets.view(signed), self.size, self.live, self.used))
 
     @property
     def nbytes(self) -> int:
@@ -145,132 +134,17 @@ class OpenTable:
     def __len__(self) -> int:
         return int(self.live.sum())
 
-    def _window(self, part: np.ndarray, offset: np.ndarray) -> np.ndarray:
-        """Global buckets ``[m, WINDOW]``: each key's next ``WINDOW`` probe positions from ``offset``."""
-        size = self.size[part][:, None]  # 0 (an empty partition: its reserved buckets all read 0) or >= WINDOW
-        positions = (offset % np.maximum(size[:, 0], 1))[:, None] + _STEPS  # wraps at most once below
-        positions -= ((positions >= size) & (size > 0)) * size
-        return (part * self.stride)[:, None] + positions
-
-    def find(self, part: np.ndarray, home: np.ndarray,
-             match: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
-        """The bucket (global index) holding each key's entry, or -1.
-
-        Probes ``WINDOW`` buckets per key and round (one 2-D gather), so a round usually settles every key.
-
-        Args:
-            part, home: int64 ``[n]``, each key's partition and home bucket in it.
-            match: ``match(entries, which, buckets) -> bool``: whether the entries (neither empty nor tombstone)
-                met by keys ``which`` (positions in ``[0, n)``) at ``buckets`` are theirs.
-        """
-        found = np.full(part.size, -1, dtype=np.int64)
-        which = np.arange(part.size)
-        offset = home.astype(np.int64, copy=True)
-        while which.size:
-            buckets = self._window(part[which], offset)
-            entries = self.buckets[buckets]
-            empty = entries == 0
-            ends = np.where(empty.any(axis=1), empty.argmax(axis=1), WINDOW)  # the chain stops at an empty bucket
-            before_end = _STEPS[None, :] < ends[:, None]
-            rows, cols = np.nonzero(before_end & (entries != self.tomb))
-            hit = np.zeros(entries.shape, dtype=bool)
-            if rows.size:
-                hit[rows, cols] = match(entries[rows, cols], which[rows], buckets[rows, cols])
-            settled = hit.any(axis=1)
-            first = hit.argmax(axis=1)
-            found[which[settled]] = buckets[settled, first[settled]]
-            going = ~settled & (ends == WINDOW)
-            which, offset = which[going], offset[going] + WINDOW
-        return found
-
-    def insert(self, part: np.ndarray, home: np.ndarray, entries: np.ndarray) -> np.ndarray:
-        """Store ``entries`` (of keys known to be absent) from their homes on; return their buckets.
-
-        The caller calls :meth:`make_room` first.
-        """
-        placed = np.empty(part.size, dtype=np.int64)
-        which = np.arange(part.size)
-        offset = home.astype(np.int64, copy=True)
-        while which.size:
-            window = self._window(part[which], offset)
-            old = self.buckets[window]
-            free = (old == 0) | (old == self.tomb)
-            has_free = free.any(axis=1)
-            step = free.argmax(axis=1)
-            bucket = window[np.arange(which.size), step]
-            wants = np.flatnonzero(has_free)
-            _, first = np.unique(bucket[wants], return_index=True)  # one entry per bucket per round
-            won = wants[first]
-            was_tomb = old[won, step[won]] == self.tomb
-            self.buckets[bucket[won]] = entries[which[won]]
-            placed[which[won]] = bucket[won]
-            self.used -= np.bincount(part[which[won][was_tomb]], minlength=self.partitions)
-            going = np.ones(which.size, dtype=bool)
-            going[won] = False
-            lost = going & has_free  # another key took that bucket: probe again from it
-            offset = np.where(lost, offset + step, offset + WINDOW)
-            which, offset = which[going], offset[going]
-        counts = np.bincount(part, minlength=self.partitions)
-        self.live += counts
-        self.used += counts
-        return placed
+    def full_error(self, p: int, where: str) -> CapacityError:
+        """The error of an insert into ``where`` that found partition ``p`` would outgrow its reserved buckets."""
+        return CapacityError(
+            f"{where}: index partition {p} would need more than the {self.stride} buckets reserved for it; the store "
+            f"holds more keys than it was sized for"
+        )
 
     def remove(self, buckets: np.ndarray) -> None:
-        """Turn the entries at ``buckets`` (distinct, from :meth:`find`) into tombstones."""
+        """Turn the entries at ``buckets`` (distinct, found by a probe) into tombstones."""
         self.buckets[buckets] = self.tomb
         self.live -= np.bincount(buckets // self.stride, minlength=self.partitions)
-
-    def make_room(self, part: np.ndarray) -> None:
-        """Rehash the partitions that ``part`` (one per key about to be inserted) would fill past ``MAX_LOAD``.
-
-        Raises:
-            CapacityError: a partition would need more than ``max_buckets``.
-        """
-        incoming = np.bincount(part, minlength=self.partitions)
-        for p in np.flatnonzero(self.used + incoming > MAX_LOAD * self.size).tolist():
-            self.rehash(p, int(self.live[p] + incoming[p]))
-
-    def rehash(self, p: int, keys: int, extra: Optional[np.ndarray] = None) -> None:
-        """Rebuild partition ``p`` without tombstones, sized for ``keys`` keys at ``LOW_LOAD``, adding the
-        entries ``extra`` (of keys absent from it; counted in ``keys`` and already in its live count)."""
-        size = max(MIN_BUCKETS, int(np.ceil(keys / LOW_LOAD)) + 1)
-        if size > self.stride:
-            raise CapacityError(
-                f"key index: partition {p} would need {size} buckets, more than the {self.stride} reserved; "
-                f"the store holds more keys than it was sized for"
-            )
-        start, old_size = p * self.stride, int(self.size[p])
-        region = self.buckets[start : start + old_size]
-        entries = region[(region != 0) & (region != self.tomb)].copy()
-        if extra is not None:
-            entries = np.concatenate([entries, extra])
-        region[:] = 0
-        if size < old_size:
-            release(self.buckets, start + size, start + old_size)
-        self.size[p] = size
-        self.live[p] = self.used[p] = len(entries)
-        if entries.size:
-            self._place_sorted(p, entries)
-
-    def _place_sorted(self, p: int, entries: np.ndarray) -> None:
-        """Lay out the entries of an emptied partition as linear probing would, without probing.
-
-        Sorted by home, entry ``i`` lands at ``max(home_i, position_{i-1} + 1)`` = ``i + cummax(home_j - j)``;
-        the few that run past the end wrap around through :meth:`insert`.
-        """
-        size = int(self.size[p])
-        homes = self._home_of(entries, p, size)
-        order = np.argsort(homes, kind="stable")
-        entries, homes = entries[order], homes[order]
-        ranks = np.arange(entries.size)
-        positions = ranks + np.maximum.accumulate(homes - ranks)
-        inside = positions < size
-        self.buckets[p * self.stride + positions[inside]] = entries[inside]
-        if not inside.all():
-            self.live[p] -= int((~inside).sum())
-            self.used[p] = self.live[p]
-            part = np.full(int((~inside).sum()), p, dtype=np.int64)
-            self.insert(part, homes[~inside], entries[~inside])
 
     def entries(self) -> Tuple[np.ndarray, np.ndarray]:
         """Every live entry and its bucket, partition by partition (one pass over the used buckets)."""
@@ -325,8 +199,9 @@ class KeyIndex:
         self.max_capacity = 1 << 26 if max_capacity is None else max_capacity
         self.capacity = 0
         parts = partitions_for(self.max_capacity)
-        self._table = OpenTable(np.uint32, parts, self.max_buckets(self.max_capacity, parts), self._home_of)
+        self._table = OpenTable(np.uint32, parts, self.max_buckets(self.max_capacity, parts))
         self._key = reserve(np.int64, self.max_capacity)
+        self._key_column = torch.from_numpy(self._key)
         self._free = reserve(np.int32, self.max_capacity)
         self._num_free = 0
         self._free_high = 0  # the most freed slots held at once: the stack's pages touched
@@ -351,20 +226,6 @@ class KeyIndex:
         parts = partitions_for(capacity)
         return capacity * 12 + 4 * (parts * (MIN_BUCKETS + 1) + int(np.ceil(capacity / LOW_LOAD)) + parts)
 
-    def _hash(self, keys: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-        h = mix64(keys.view(_U64))
-        return (h & _U64(self._table.partitions - 1)).astype(np.int64), h >> _U64(32)
-
-    def _home_of(self, entries: np.ndarray, p: int, size: int) -> np.ndarray:
-        return scale(self._hash(self._key[entries.astype(np.int64) - 1])[1], 32, np.int64(size))
-
-    def _locate(self, keys: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        part, high = self._hash(keys)
-        home = scale(high, 32, self._table.size[part])
-        key = self._key
-        buckets = self._table.find(part, home, lambda e, which, _: key[e.astype(np.int64) - 1] == keys[which])
-        return part, home, buckets
-
     def reserve(self, num_keys: int) -> None:
         """Check that ``num_keys`` keys fit.
 
@@ -381,11 +242,8 @@ class KeyIndex:
         """Slot of each key (int64 ``[n]``, repeats allowed), ``-1`` where absent."""
         if keys.numel() == 0 or len(self) == 0:
             return torch.full_like(keys, -1)
-        buckets = self._locate(keys.numpy())[2]
-        slots = np.full(buckets.size, -1, dtype=np.int64)
-        hit = buckets >= 0
-        slots[hit] = self._table.buckets[buckets[hit]].astype(np.int64) - 1
-        return torch.from_numpy(slots)
+        buckets, sizes = self._table.state[:2]
+        return ops.key_index_lookup(buckets, sizes, self._key_column, keys)
 
     def insert(self, keys: torch.Tensor) -> torch.Tensor:
         """Give each key a slot (freed slots are reused first).
@@ -415,9 +273,11 @@ class KeyIndex:
         slots[reused:] = np.arange(self.capacity, self.capacity + n - reused)
         self.capacity += n - reused
         self._key[slots] = values
-        part, high = self._hash(values)
-        self._table.make_room(part)
-        self._table.insert(part, scale(high, 32, self._table.size[part]), (slots + 1).astype(np.uint32))
+        full = ops.key_index_insert(*self._table.state, self._key_column, torch.from_numpy(slots), MAX_LOAD, LOW_LOAD)
+        if full >= 0:  # nothing was indexed: hand the slots back
+            self._num_free += reused
+            self.capacity -= n - reused
+            raise self._table.full_error(full, "KeyIndex")
         return torch.from_numpy(slots)
 
     def remove(self, keys: torch.Tensor) -> torch.Tensor:
@@ -427,14 +287,12 @@ class KeyIndex:
             keys: 1-D int64 tensor ``[n]``.
 
         Returns:
-            torch.Tensor: int64 ``[m]``, the slots freed (one per distinct present key).
+            torch.Tensor: int64 ``[m]``, the slots freed (one per distinct present key, in order of first occurrence).
         """
         if keys.numel() == 0 or len(self) == 0:
             return torch.empty(0, dtype=torch.int64)
-        buckets = np.unique(self._locate(keys.numpy())[2])
-        buckets = buckets[buckets >= 0]
-        freed = self._table.buckets[buckets].astype(np.int64) - 1
-        self._table.remove(buckets)
+        buckets, sizes, live, _ = self._table.state
+        freed = ops.key_index_remove(buckets, sizes, live, self._key_column, keys).numpy()
         self._free[self._num_free : self._num_free + freed.size] = freed
         self._num_free += freed.size
         self._free_high = max(self._free_high, self._num_free)

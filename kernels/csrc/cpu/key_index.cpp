@@ -1,0 +1,305 @@
+// CPU kernels of the KEY_VALUE key indexes (see open_table.h for the bucket layout). The arrays belong to
+// torchrec_ascend/kernels/key_value/key_index.py (address space reserved with mmap, memory spent page by page):
+// the kernels read and write them in place and never copy more than one partition.
+//
+// * key_index_*: the host tier's key -> slot index. A bucket is a uint32 slot + 1 (passed as int32); the key of a
+//   slot is key_column[slot]. Key k lives in partition mix(k) & (partitions - 1), home bucket
+//   (mix(k) >> 32) * size >> 32.
+// * fingerprint_*: the disk tier's index. A bucket is a uint64 (passed as int64) whose top `fingerprint_bits` are a
+//   fingerprint of the key's hash and whose low bits locate its record; the caller hashes, and verifies candidates
+//   against the records. Home bucket: fingerprint * size >> fingerprint_bits.
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+#include "../ops.h"
+#include "open_table.h"
+
+namespace torchrec_ascend {
+
+namespace {
+
+constexpr int64_t kAhead = 16;  // keys ahead whose home buckets are prefetched
+
+void check_index_state(
+    const at::Tensor& buckets,
+    at::ScalarType bucket_type,
+    const at::Tensor& sizes,
+    std::initializer_list<const at::Tensor*> counters,
+    const char* op) {
+  TORCH_CHECK_VALUE(
+      sizes.dim() == 1 && sizes.scalar_type() == at::kLong && sizes.is_contiguous() && sizes.numel() > 0 &&
+          (sizes.numel() & (sizes.numel() - 1)) == 0,
+      op, ": `sizes` must be a contiguous int64 [partitions] tensor with partitions a power of two, got ",
+      sizes.scalar_type(), " ", sizes.sizes(), "; pass the state of one key index");
+  TORCH_CHECK_VALUE(
+      buckets.dim() == 1 && buckets.scalar_type() == bucket_type && buckets.is_contiguous() &&
+          buckets.numel() % sizes.numel() == 0 && buckets.numel() / sizes.numel() >= kMinBuckets,
+      op, ": `buckets` must be a contiguous ", bucket_type, " [partitions * stride] tensor with stride >= ",
+      kMinBuckets, ", got ", buckets.scalar_type(), " ", buckets.sizes(), " for ", sizes.numel(),
+      " partitions; pass the state of one key index");
+  for (const at::Tensor* counter : counters) {
+    TORCH_CHECK_VALUE(
+        counter->dim() == 1 && counter->scalar_type() == at::kLong && counter->is_contiguous() &&
+            counter->numel() == sizes.numel(),
+        op, ": the live and used counts must be contiguous int64 [", sizes.numel(), "] tensors like `sizes`, got ",
+        counter->scalar_type(), " ", counter->sizes());
+  }
+  const int64_t stride = buckets.numel() / sizes.numel();
+  const int64_t* size = sizes.data_ptr<int64_t>();
+  for (int64_t p = 0; p < sizes.numel(); ++p) {
+    TORCH_CHECK(
+        size[p] == 0 || (kMinBuckets <= size[p] && size[p] <= stride), op, ": partition ", p, " has size ", size[p],
+        ", outside {0} and [", kMinBuckets, ", ", stride, "]; the index state is corrupted");
+  }
+}
+
+void check_key_column(const at::Tensor& key_column, const char* op) {
+  check_1d_int64(key_column, op, "key_column");
+  TORCH_CHECK_VALUE(key_column.is_contiguous(), op, ": `key_column` must be contiguous");
+}
+
+// Partition and home of each key of the host index (homes at the current sizes).
+struct Placement {
+  std::vector<int64_t> part;
+  std::vector<int64_t> home;
+};
+
+template <typename T, typename Hash>
+Placement place(const OpenTable<T>& table, int64_t n, Hash&& hash_of, int bits) {
+  Placement out{std::vector<int64_t>(n), std::vector<int64_t>(n)};
+  const uint64_t mask = static_cast<uint64_t>(table.partitions() - 1);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t h = hash_of(i);
+    out.part[i] = static_cast<int64_t>(h & mask);
+    out.home[i] = scale_to(h >> (64 - bits), bits, table.size(out.part[i]));
+  }
+  return out;
+}
+
+// The host index's find of in[i], prefetching kAhead keys' home buckets and, half as far ahead, the key of the
+// entry in that bucket (the usual hit).
+template <typename Visit>
+void for_each_found(
+    const OpenTable<uint32_t>& table, const int64_t* key, int64_t key_len, const int64_t* in, int64_t n,
+    const char* op, Visit&& visit) {
+  const Placement where = place(table, n, [&](int64_t i) { return index_hash(in[i]); }, 32);
+  constexpr uint32_t tomb = OpenTable<uint32_t>::kTomb;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      table.prefetch(where.part[i + kAhead], where.home[i + kAhead]);
+    }
+    if (i + kAhead / 2 < n) {
+      const uint32_t e = table.region(where.part[i + kAhead / 2])[where.home[i + kAhead / 2]];
+      if (e != 0 && e != tomb && e <= key_len) {
+        __builtin_prefetch(key + e - 1, 0, 1);
+      }
+    }
+    const int64_t b = table.find(where.part[i], where.home[i], [&](uint32_t e) {
+      TORCH_CHECK(e <= key_len, op, ": a bucket holds slot ", e - 1, " beyond the key column; the state is corrupted");
+      return key[e - 1] == in[i];
+    });
+    visit(i, b);
+  }
+}
+
+}  // namespace
+
+at::Tensor key_index_lookup_cpu(
+    const at::Tensor& buckets, const at::Tensor& sizes, const at::Tensor& key_column, const at::Tensor& keys_arg) {
+  constexpr const char* op = "key_index_lookup";
+  check_index_state(buckets, at::kInt, sizes, {}, op);
+  check_key_column(key_column, op);
+  check_1d_int64(keys_arg, op, "keys");
+  const at::Tensor keys = keys_arg.contiguous();
+  const int64_t n = keys.numel();
+  at::Tensor slots = at::empty({n}, keys.options());
+  int64_t* out = slots.data_ptr<int64_t>();
+  const OpenTable<uint32_t> table(buckets, sizes, nullptr, nullptr);
+  for_each_found(
+      table, key_column.data_ptr<int64_t>(), key_column.numel(), keys.data_ptr<int64_t>(), n, op,
+      [&](int64_t i, int64_t b) { out[i] = b < 0 ? -1 : static_cast<int64_t>(table.at(b)) - 1; });
+  return slots;
+}
+
+at::Tensor key_index_insert_cpu(
+    const at::Tensor& buckets,
+    const at::Tensor& sizes,
+    const at::Tensor& live,
+    const at::Tensor& used,
+    const at::Tensor& key_column,
+    const at::Tensor& slots_arg,
+    double max_load,
+    double low_load) {
+  constexpr const char* op = "key_index_insert";
+  check_index_state(buckets, at::kInt, sizes, {&live, &used}, op);
+  check_key_column(key_column, op);
+  check_1d_int64(slots_arg, op, "slots");
+  const at::Tensor slots = slots_arg.contiguous();
+  const int64_t n = slots.numel();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t* key = key_column.data_ptr<int64_t>();
+  const int64_t key_len = key_column.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(
+        0 <= slot[i] && slot[i] < key_len && slot[i] < int64_t{0xFFFFFFFE}, op, ": slot ", slot[i], " (position ", i,
+        ") is outside the key column [0, ", key_len, "); hand out slots below the index's capacity");
+  }
+  OpenTable<uint32_t> table(buckets, sizes, &live, &used);
+  const uint64_t mask = static_cast<uint64_t>(table.partitions() - 1);
+  std::vector<int64_t> incoming(table.partitions(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    incoming[index_hash(key[slot[i]]) & mask] += 1;
+  }
+  const int64_t full = table.make_room(incoming, max_load, low_load, [&](uint32_t e, int64_t size) {
+    return scale_to(index_hash(key[e - 1]) >> 32, 32, size);
+  });
+  if (full >= 0) {
+    return at::scalar_tensor(full, sizes.options());
+  }
+  const Placement where = place(table, n, [&](int64_t i) { return index_hash(key[slot[i]]); }, 32);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      table.prefetch(where.part[i + kAhead], where.home[i + kAhead]);
+    }
+    table.insert(where.part[i], where.home[i], static_cast<uint32_t>(slot[i] + 1));
+  }
+  return at::scalar_tensor(-1, sizes.options());
+}
+
+at::Tensor key_index_remove_cpu(
+    const at::Tensor& buckets,
+    const at::Tensor& sizes,
+    const at::Tensor& live,
+    const at::Tensor& key_column,
+    const at::Tensor& keys_arg) {
+  constexpr const char* op = "key_index_remove";
+  check_index_state(buckets, at::kInt, sizes, {&live}, op);
+  check_key_column(key_column, op);
+  check_1d_int64(keys_arg, op, "keys");
+  const at::Tensor keys = keys_arg.contiguous();
+  const int64_t n = keys.numel();
+  OpenTable<uint32_t> table(buckets, sizes, &live, nullptr);
+  std::vector<int64_t> freed;
+  // A repeated key is found once: its bucket is a tombstone when the repeat comes.
+  for_each_found(
+      table, key_column.data_ptr<int64_t>(), key_column.numel(), keys.data_ptr<int64_t>(), n, op,
+      [&](int64_t, int64_t b) {
+        if (b >= 0) {
+          freed.push_back(static_cast<int64_t>(table.at(b)) - 1);
+          table.erase(b);
+        }
+      });
+  at::Tensor out = at::empty({static_cast<int64_t>(freed.size())}, keys.options());
+  std::copy(freed.begin(), freed.end(), out.data_ptr<int64_t>());
+  return out;
+}
+
+at::Tensor fingerprint_find_cpu(
+    const at::Tensor& buckets,
+    const at::Tensor& sizes,
+    const at::Tensor& part_arg,
+    const at::Tensor& fingerprints_arg,
+    const at::Tensor& after_arg,
+    int64_t fingerprint_bits) {
+  constexpr const char* op = "fingerprint_find";
+  check_index_state(buckets, at::kLong, sizes, {}, op);
+  check_1d_int64(part_arg, op, "part");
+  check_1d_int64(fingerprints_arg, op, "fingerprints");
+  check_1d_int64(after_arg, op, "after");
+  TORCH_CHECK_VALUE(
+      0 < fingerprint_bits && fingerprint_bits < 64, op, ": fingerprint_bits must be in [1, 63], got ",
+      fingerprint_bits);
+  const int64_t n = part_arg.numel();
+  TORCH_CHECK_VALUE(
+      fingerprints_arg.numel() == n && after_arg.numel() == n, op,
+      ": `part`, `fingerprints` and `after` must have one element per key, got ", n, ", ", fingerprints_arg.numel(),
+      " and ", after_arg.numel());
+  const at::Tensor part_t = part_arg.contiguous();
+  const at::Tensor fp_t = fingerprints_arg.contiguous();
+  const at::Tensor after_t = after_arg.contiguous();
+  const int64_t* part = part_t.data_ptr<int64_t>();
+  const int64_t* fp = fp_t.data_ptr<int64_t>();
+  const int64_t* after = after_t.data_ptr<int64_t>();
+  const OpenTable<uint64_t> table(buckets, sizes, nullptr, nullptr);
+  const int bits = static_cast<int>(fingerprint_bits);
+  std::vector<int64_t> start(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t p = part[i];
+    TORCH_CHECK_VALUE(
+        0 <= p && p < table.partitions(), op, ": part[", i, "] = ", p, " is outside [0, ", table.partitions(), ")");
+    const int64_t size = table.size(p);
+    if (after[i] < 0) {
+      start[i] = scale_to(static_cast<uint64_t>(fp[i]), bits, size);
+    } else {
+      const int64_t pos = after[i] - p * table.stride();
+      TORCH_CHECK_VALUE(
+          0 <= pos && pos < size, op, ": after[", i, "] = ", after[i], " is not a bucket of partition ", p,
+          "; pass -1 or a bucket this op returned for that key");
+      start[i] = pos + 1 == size ? 0 : pos + 1;
+    }
+  }
+  at::Tensor found = at::empty({n}, part_t.options());
+  int64_t* out = found.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      table.prefetch(part[i + kAhead], start[i + kAhead]);
+    }
+    const uint64_t want = static_cast<uint64_t>(fp[i]);
+    out[i] = table.find(part[i], start[i], [&](uint64_t e) { return (e >> (64 - bits)) == want; });
+  }
+  return found;
+}
+
+at::Tensor fingerprint_insert_cpu(
+    const at::Tensor& buckets,
+    const at::Tensor& sizes,
+    const at::Tensor& live,
+    const at::Tensor& used,
+    const at::Tensor& part_arg,
+    const at::Tensor& entries_arg,
+    int64_t fingerprint_bits,
+    double max_load,
+    double low_load) {
+  constexpr const char* op = "fingerprint_insert";
+  check_index_state(buckets, at::kLong, sizes, {&live, &used}, op);
+  check_1d_int64(part_arg, op, "part");
+  check_1d_int64(entries_arg, op, "entries");
+  TORCH_CHECK_VALUE(
+      0 < fingerprint_bits && fingerprint_bits < 64, op, ": fingerprint_bits must be in [1, 63], got ",
+      fingerprint_bits);
+  const int64_t n = part_arg.numel();
+  TORCH_CHECK_VALUE(
+      entries_arg.numel() == n, op, ": `part` and `entries` must have the same length, got ", n, " and ",
+      entries_arg.numel());
+  const at::Tensor part_t = part_arg.contiguous();
+  const at::Tensor entries_t = entries_arg.contiguous();
+  const int64_t* part = part_t.data_ptr<int64_t>();
+  const uint64_t* entry = reinterpret_cast<const uint64_t*>(entries_t.data_ptr<int64_t>());
+  OpenTable<uint64_t> table(buckets, sizes, &live, &used);
+  const int bits = static_cast<int>(fingerprint_bits);
+  std::vector<int64_t> incoming(table.partitions(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(
+        0 <= part[i] && part[i] < table.partitions(), op, ": part[", i, "] = ", part[i], " is outside [0, ",
+        table.partitions(), ")");
+    TORCH_CHECK_VALUE(
+        entry[i] != 0 && entry[i] != OpenTable<uint64_t>::kTomb, op, ": entries[", i,
+        "] is 0 or all ones, which mark empty buckets and tombstones");
+    incoming[part[i]] += 1;
+  }
+  const auto home_of = [&](uint64_t e, int64_t size) { return scale_to(e >> (64 - bits), bits, size); };
+  const int64_t full = table.make_room(incoming, max_load, low_load, home_of);
+  if (full >= 0) {
+    return at::scalar_tensor(full, sizes.options());
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      table.prefetch(part[i + kAhead], home_of(entry[i + kAhead], table.size(part[i + kAhead])));
+    }
+    table.insert(part[i], home_of(entry[i], table.size(part[i])), entry[i]);
+  }
+  return at::scalar_tensor(-1, sizes.options());
+}
+
+}  // namespace torchrec_ascend
