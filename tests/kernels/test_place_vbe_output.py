@@ -8,7 +8,7 @@ Oracle: a plain-Python placement, element by element, from the documented layout
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 import torch
 from hypothesis import given, settings
@@ -29,15 +29,19 @@ def python_placement(own: List[float], samples: List[List[int]], dims: List[int]
     return out
 
 
+Layout = Tuple[List[List[int]], List[int], List[List[int]], int]  # samples[feature][rank], dims, offsets, size
+
+
 @st.composite
-def layouts(draw: st.DrawFn):  # type: ignore[no-untyped-def]
+def layouts(draw: st.DrawFn) -> Layout:
     world = draw(st.integers(1, 3))
     dims = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))
     samples = [[draw(st.integers(0, 3)) for _ in range(world)] for _ in dims]
     gap = draw(st.integers(0, 3))  # other kernels' blocks sit between ours
-    offsets, at = [], gap
+    offsets: List[List[int]] = []
+    at = gap
     for rank in range(world):
-        row = []
+        row: List[int] = []
         for feature, dim in enumerate(dims):
             row.append(at)
             at += samples[feature][rank] * dim
@@ -48,7 +52,7 @@ def layouts(draw: st.DrawFn):  # type: ignore[no-untyped-def]
 
 @settings(max_examples=60, deadline=None)
 @given(layouts())
-def test_blocks_land_at_their_offsets(layout) -> None:  # type: ignore[no-untyped-def]
+def test_blocks_land_at_their_offsets(layout: Layout) -> None:
     samples, dims, offsets, size = layout
     total = sum(samples[f][r] * d for f, d in enumerate(dims) for r in range(len(offsets)))
     own = torch.arange(1, total + 1, dtype=torch.float32)
