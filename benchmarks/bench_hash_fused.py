@@ -11,10 +11,8 @@ Two models per sharding type, on the same batches:
 Reported: global samples/s (median over runs, variants timed in turns) and hash / stock per sharding type (the
 median of the ratios within a round: a round's variants run back to back, under the same load).
 Target: >= 0.85x for row_wise and for table_wise. The hash tables' counters are checked too: no ID rejected or
-evicted, so both models train the same number of rows.
-
-This machine has 2 shared cores, one per rank: single runs vary by 2x and more when other jobs run, hence medians
-of interleaved runs.
+evicted, so both models train the same number of rows. Timing as ``dlrm_workload.py`` says (medians of
+interleaved runs on this shared 2-core machine).
 
 Run (launches its own 2 ranks)::
 
@@ -30,7 +28,6 @@ from pathlib import Path
 from typing import Any, Dict, List, NoReturn
 
 import torch.distributed as dist
-from torchrec.distributed.planner import ParameterConstraints
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
@@ -38,20 +35,20 @@ from dlrm_workload import (
     Variant,
     Workload,
     add_workload_args,
-    as_rank,
     build_dlrm,
     feature_names,
     finish_rank,
     init_rank,
-    launch,
     make_batches,
     paired_ratio,
+    run_benchmark,
     samples_per_s,
     shard,
+    table_constraints,
     table_names,
     time_interleaved,
 )
-from results import make_result, target, write_result
+from results import make_result, target
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.kernels.fused import HashRows
 from torchrec_ascend.kernels.walk import sharded_kernels
@@ -89,8 +86,7 @@ def rank_main(a: argparse.Namespace) -> NoReturn:
     hash_batches = make_batches(w, pg.rank(), raw_ids=True)
     variants = []
     for sharding_type in a.sharding_types:
-        constraints = {t: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=["fused"])
-                       for t in table_names(w)}
+        constraints = table_constraints(w, sharding_type)
         variants.append(shard(f"stock {sharding_type}", build_dlrm(w, tables(w, hashed=False)), constraints,
                               get_default_sharders(), stock_batches, pg))
         variants.append(shard(f"hash {sharding_type}", build_dlrm(w, tables(w, hashed=True)), constraints,
@@ -147,13 +143,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_args(parser)
     parser.add_argument("--sharding-types", nargs="+", default=SHARDING_TYPES, choices=SHARDING_TYPES)
-    a = parser.parse_args()
-    if as_rank(a):
-        rank_main(a)  # ends the process
-    result = summarize(a, launch(Path(__file__), a))
-    if a.json:
-        write_result(a.json, result)
-    return 0
+    return run_benchmark(Path(__file__), parser, rank_main, summarize)
 
 
 if __name__ == "__main__":

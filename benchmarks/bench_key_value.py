@@ -20,9 +20,8 @@ step, and the time spent inside the eviction policy (every policy call wrapped w
 ``bench_policies.py``) per step and as a share of the step. Targets: KEY_VALUE (LRU) >= 0.6x FUSED samples/s; the
 eviction policy <= 10% of a KEY_VALUE step, for every policy.
 
-This machine has 2 shared cores, one per rank: single runs vary by 2x and more when other jobs run, hence medians
-of interleaved runs. The warm-up is one pass over the pool (every ID has been seen, the cache is in its steady
-state).
+Timing as ``dlrm_workload.py`` says (medians of interleaved runs on this shared 2-core machine). The warm-up is one
+pass over the pool (every ID has been seen, the cache is in its steady state).
 
 Run (launches its own 2 ranks)::
 
@@ -35,33 +34,32 @@ import argparse
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, NoReturn, Optional, Tuple
+from typing import Any, Dict, List, NoReturn, Tuple
 
 import torch
 import torch.distributed as dist
-from torchrec.distributed.planner import ParameterConstraints
-from torchrec.distributed.types import CacheParams
 
 from bench_policies import OPTIONS, TimedPolicy
 from dlrm_workload import (
     Variant,
     Workload,
     add_workload_args,
-    as_rank,
     build_dlrm,
     feature_names,
     finish_rank,
     init_rank,
-    launch,
     make_batches,
     paired_ratio,
+    run_benchmark,
     samples_per_s,
     shard,
+    table_constraints,
     table_names,
     time_interleaved,
 )
-from results import make_result, target, write_result
+from results import make_result, target
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.key_value import cache_metrics
 from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
 from torchrec_ascend.kernels.walk import sharded_kernels
@@ -88,16 +86,6 @@ def tables(w: Workload, rows: List[int], policy: str) -> List[HashEmbeddingBagCo
     return [HashEmbeddingBagConfig(name=t, num_embeddings=n, embedding_dim=w.dim, feature_names=[f],
                                    eviction_policy=policy, eviction_options=OPTIONS.get(policy, {}))
             for t, f, n in zip(table_names(w), feature_names(w), rows)]
-
-
-def constraints(w: Workload, sharding_type: str, load_factors: Optional[List[float]]) -> Dict[str, Any]:
-    """FUSED constraints (``load_factors`` None) or KEY_VALUE ones with each table's cache load factor."""
-    if load_factors is None:
-        return {t: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=["fused"])
-                for t in table_names(w)}
-    return {t: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=["key_value"],
-                                    cache_params=CacheParams(load_factor=f))
-            for t, f in zip(table_names(w), load_factors)}
 
 
 def time_policies(v: Variant) -> List[TimedPolicy]:
@@ -127,7 +115,7 @@ def rank_main(a: argparse.Namespace) -> NoReturn:
     working, per_step = working_sets(batches, w, pg)
     # A shard's cache must hold the rows of the batch it trains on: about 1/world of a step's distinct IDs.
     if a.cache_fraction * min(working) < 1.25 * per_step:
-        raise ValueError(
+        raise ConfigError(
             f"bench_key_value: a cache of {a.cache_fraction:g} x the working set ({min(working)} IDs in the smallest "
             f"table) cannot hold one step's {per_step} distinct IDs per table across ranks with a margin. Raise "
             "--pool or --catalogue (a larger working set), or lower --batch or --bag."
@@ -135,12 +123,12 @@ def rank_main(a: argparse.Namespace) -> NoReturn:
     rows = [a.rows or 2 * n for n in working]
     load_factors = [a.cache_fraction * n / r for n, r in zip(working, rows)]
     sharders = get_default_hybrid_sharders()
-    variants = [shard("FUSED", build_dlrm(w, tables(w, rows, "lru")), constraints(w, a.sharding_type, None),
+    variants = [shard("FUSED", build_dlrm(w, tables(w, rows, "lru")), table_constraints(w, a.sharding_type),
                       sharders, batches, pg)]
     timers: Dict[str, List[TimedPolicy]] = {}
     for policy in a.policies:
         v = shard(f"KEY_VALUE {policy}", build_dlrm(w, tables(w, rows, policy)),
-                  constraints(w, a.sharding_type, load_factors), sharders, batches, pg)
+                  table_constraints(w, a.sharding_type, "key_value", load_factors), sharders, batches, pg)
         timers[v.name] = time_policies(v)
         variants.append(v)
     before: Dict[str, Dict[str, float]] = {}
@@ -222,23 +210,23 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
     )
 
 
+def cache_fraction(text: str) -> float:
+    """``--cache-fraction``: a number in (0, 1]."""
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_args(parser, rows=0, catalogue=1_000_000, pool=60, warmup=60)
     builtin = [p.name for p in list_policies("eviction") if p.distribution == BUILTIN]
     parser.add_argument("--policies", nargs="+", default=["lru"] + [p for p in builtin if p != "lru"],
                         help="eviction policies, one KEY_VALUE model each; the first is the throughput target's")
-    parser.add_argument("--cache-fraction", type=float, default=0.1, help="device cache / working set")
+    parser.add_argument("--cache-fraction", type=cache_fraction, default=0.1, help="device cache / working set")
     parser.add_argument("--sharding-type", default="row_wise", choices=["row_wise", "table_wise"])
-    a = parser.parse_args()
-    if as_rank(a):
-        rank_main(a)  # ends the process
-    if not 0 < a.cache_fraction <= 1:
-        parser.error(f"--cache-fraction must be in (0, 1], got {a.cache_fraction}")
-    result = summarize(a, launch(Path(__file__), a))
-    if a.json:
-        write_result(a.json, result)
-    return 0
+    return run_benchmark(Path(__file__), parser, rank_main, summarize)
 
 
 if __name__ == "__main__":

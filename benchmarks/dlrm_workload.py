@@ -1,7 +1,7 @@
 """The shared workload of the 2-rank training benchmarks: a DLRM trained on Zipf IDs, variants timed interleaved.
 
 ``bench_hash_fused.py`` and ``bench_key_value.py`` compare compute kernels on the same model and the same data, so
-both build it here:
+both build it here, and run through :func:`run_benchmark`:
 
 * model: TorchRec's own ``DLRM`` (dense MLP, one pooled EmbeddingBagCollection table per sparse feature, pairwise
   interaction, over MLP) wrapped in ``DLRMTrain`` (BCE loss); the tables' optimizer is RowWiseAdagrad fused into
@@ -13,7 +13,8 @@ both build it here:
 * timing: all variants live at once and are timed in turns (one run of ``steps`` steps each, ``runs`` times), so
   the noise of this shared 2-core machine hits them alike; a run is barrier to barrier, so it is the time of the
   slowest rank; reported are medians over runs, and ratios are medians of the ratios within a round
-  (:func:`paired_ratio`).
+  (:func:`paired_ratio`). This machine has 2 shared cores, one per rank: single runs vary by 2x and more when
+  other jobs run, hence medians of interleaved runs.
 
 Example::
 
@@ -33,7 +34,7 @@ import json
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NoReturn, Sequence
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -41,7 +42,7 @@ import torchrec
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.types import ModuleSharder, ShardingEnv
+from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingEnv
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.optim import RowWiseAdagrad
@@ -50,7 +51,9 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from results import write_result
 from torchrec_ascend.conformance_tests.launch import run_distributed
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.policies.hashing import mix64
 from torchrec_ascend.shutdown import end_rank
 
@@ -98,7 +101,7 @@ def add_workload_args(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     values = dict(tables=4, rows=100_000, dim=16, batch=512, bag=8, dense=13, alpha=1.05, catalogue=50_000,
                   pool=40, seed=0, runs=5, steps=20, warmup=10, timeout=900)
     unknown = set(defaults) - set(values)
-    if unknown:
+    if unknown:  # builtin: a benchmark's own code names a default that does not exist
         raise ValueError(f"add_workload_args: no argument named {sorted(unknown)}; known: {sorted(values)}")
     values.update(defaults)
     helps = dict(
@@ -132,12 +135,12 @@ def id_makers(w: Workload, raw_ids: bool) -> List[Callable[[torch.Tensor], torch
     """Per table, keys -> IDs: raw 63-bit hash IDs, or stock row indices spread over the table's rows.
 
     Raises:
-        ValueError: stock row indices asked for more keys than rows.
+        ConfigError: stock row indices asked for more keys than rows.
     """
     if raw_ids:
         return [functools.partial(mix64, seed=t) for t in range(w.tables)]
     if w.catalogue > w.rows:
-        raise ValueError(f"workload: catalogue {w.catalogue} > rows {w.rows}: stock row indices would not fit the "
+        raise ConfigError(f"workload: catalogue {w.catalogue} > rows {w.rows}: stock row indices would not fit the "
                          "table. Lower --catalogue or raise --rows.")
     return [torch.randperm(w.rows, generator=torch.Generator().manual_seed(1000 * w.seed + t)).__getitem__
             for t in range(w.tables)]
@@ -167,6 +170,20 @@ def feature_names(w: Workload) -> List[str]:
 
 def table_names(w: Workload) -> List[str]:
     return [f"t{t}" for t in range(w.tables)]
+
+
+def table_constraints(w: Workload, sharding_type: str, kernel: str = "fused",
+                      load_factors: Optional[Sequence[float]] = None) -> Dict[str, ParameterConstraints]:
+    """Every table of ``w`` on ``sharding_type`` and ``kernel``; ``load_factors``: each table's cache load factor.
+
+    Example::
+
+        table_constraints(w, "row_wise", "key_value", load_factors=[0.05] * w.tables)
+    """
+    factors: Sequence[Optional[float]] = [None] * w.tables if load_factors is None else load_factors
+    return {t: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel],
+                                    cache_params=None if f is None else CacheParams(load_factor=f))
+            for t, f in zip(table_names(w), factors)}
 
 
 def build_dlrm(w: Workload, tables: Sequence[EmbeddingBagConfig]) -> DLRMTrain:
@@ -279,3 +296,24 @@ def launch(script: Path, args: argparse.Namespace) -> Dict[str, Any]:
     """Run ``script`` on 2 ranks with ``args`` as its settings; returns what rank 0 wrote."""
     settings = {k: v for k, v in vars(args).items() if k not in ("cases", "out", "json")}
     return run_distributed(script, world_size=2, cases=[settings], timeout=args.timeout)
+
+
+def run_benchmark(script: Path, parser: argparse.ArgumentParser,
+                  rank_main: Callable[[argparse.Namespace], NoReturn],
+                  summarize: Callable[[argparse.Namespace, Dict[str, Any]], Dict[str, Any]]) -> int:
+    """The ``main`` of a 2-rank benchmark ``script`` whose ``parser`` has :func:`add_workload_args`'s arguments.
+
+    In a rank started by :func:`launch` it runs ``rank_main`` (which ends the process); otherwise it launches the
+    2 ranks, passes what rank 0 wrote to ``summarize`` and writes the result to ``--json`` when given.
+
+    Example::
+
+        sys.exit(run_benchmark(Path(__file__), parser, rank_main, summarize))
+    """
+    args = parser.parse_args()
+    if as_rank(args):
+        rank_main(args)  # ends the process
+    result = summarize(args, launch(script, args))
+    if args.json:
+        write_result(args.json, result)
+    return 0
