@@ -31,7 +31,7 @@ import torch
 
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.policies.base import EvictionPolicy
-from torchrec_ascend.policies.options import fraction, non_negative_int, positive_int
+from torchrec_ascend.policies.options import fraction, load_tensors, non_negative_int, positive_int
 
 
 class EvictionCadence:
@@ -133,11 +133,5 @@ class EvictionCadence:
         Raises:
             ConfigError: the state is for another capacity.
         """
-        for name in ("inserted_step", "resident"):
-            if name not in state or state[name].shape != (self.capacity,):
-                raise ConfigError(
-                    f"cadence state {name!r} is missing or not of shape ({self.capacity},); load a state saved by a "
-                    f"cadence of the same capacity"
-                )
-        self.inserted_step.copy_(state["inserted_step"])
-        self.resident.copy_(state["resident"])
+        load_tensors(state, {"inserted_step": self.inserted_step, "resident": self.resident}, "cadence",
+                     f"load a state saved by a cadence of the same capacity ({self.capacity})")

@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -138,11 +139,22 @@ def _dedup(keys: List[int], limit: int) -> tuple:
     return unique[:limit], counts[:limit]
 
 
-class _Driver:
+class _Driver(abc.ABC):
     """What both drivers share: a policy, the step, and policy calls whose exceptions are contract violations."""
 
     policy: Any
     step: int
+    outputs: List[List[Any]]
+
+    @abc.abstractmethod
+    def play(self, step: Step) -> None:
+        """Play one step against the policy, checking its answers."""
+
+    def run(self, steps: Sequence[Step]) -> List[List[Any]]:
+        """Play ``steps`` in order; return every answer the policy gave, in order."""
+        for step in steps:
+            self.play(step)
+        return self.outputs
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -244,12 +256,6 @@ class EvictionDriver(_Driver):
             self._fail(f"{len(self.slot_of)} resident keys exceed the capacity {self.capacity}")
         self.step += 1
 
-    def run(self, steps: Sequence[Step]) -> List[List[Any]]:
-        """Play ``steps`` in order; return every answer the policy gave (victims, expired), in order."""
-        for step in steps:
-            self.play(step)
-        return self.outputs
-
 
 class AdmissionDriver(_Driver):
     """Plays a table owner around an admission policy: offers keys not in the table, admits, forgets some.
@@ -278,12 +284,6 @@ class AdmissionDriver(_Driver):
         self.table.update(keys[mask].tolist())
         self.outputs.append(mask.tolist())
         self.step += 1
-
-    def run(self, steps: Sequence[Step]) -> List[List[Any]]:
-        """Play ``steps``; return every mask, in order."""
-        for step in steps:
-            self.play(step)
-        return self.outputs
 
 
 def steps_strategy(keys: st.SearchStrategy, capacity: int, max_steps: int) -> st.SearchStrategy:

@@ -24,6 +24,7 @@ import torch
 
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.policies.hashing import mix64
+from torchrec_ascend.policies.options import load_tensors
 
 EMPTY = -1  # keys are non-negative, so -1 marks a free bucket
 
@@ -119,12 +120,5 @@ class BoundedKeyScores:
         Raises:
             ConfigError: the saved table has another size (the hash layout depends on it).
         """
-        for name, ref in (("keys", self.keys), ("scores", self.scores)):
-            if name not in state or state[name].shape != ref.shape:
-                got = tuple(state[name].shape) if name in state else "nothing"
-                raise ConfigError(
-                    f"bounded key table state {name!r}: expected shape {tuple(ref.shape)}, got {got}; restore it "
-                    f"into a table created with the same size ({self.size})"
-                )
-        self.keys.copy_(state["keys"])
-        self.scores.copy_(state["scores"])
+        load_tensors(state, {"keys": self.keys, "scores": self.scores}, "bounded key table",
+                     f"restore it into a table created with the same size ({self.size})")

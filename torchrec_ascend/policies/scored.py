@@ -15,7 +15,7 @@ import torch
 
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.policies.base import EvictionPolicy
-from torchrec_ascend.policies.options import positive_int
+from torchrec_ascend.policies.options import load_tensors, positive_int
 
 _LOW_BITS = 32
 _LOW_MAX = (1 << _LOW_BITS) - 1
@@ -151,16 +151,8 @@ class ScoredEvictionPolicy(EvictionPolicy, abc.ABC):
 
     def load_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
         names = ("resident",) + tuple(self.state_names)
-        for name in names:
-            ref = getattr(self, name)
-            if name not in state or state[name].shape != ref.shape or state[name].dtype != ref.dtype:
-                got = f"{tuple(state[name].shape)} {state[name].dtype}" if name in state else "nothing"
-                raise ConfigError(
-                    f"{type(self).__name__} state {name!r}: expected {tuple(ref.shape)} {ref.dtype}, got {got}; "
-                    f"restore it into a policy with the same capacity ({self.capacity}) and options"
-                )
-        for name in names:
-            getattr(self, name).copy_(state[name])
+        load_tensors(state, {name: getattr(self, name) for name in names}, type(self).__name__,
+                     f"restore it into a policy with the same capacity ({self.capacity}) and options")
 
 
 class EpochScoredPolicy(ScoredEvictionPolicy, abc.ABC):
