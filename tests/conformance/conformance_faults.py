@@ -125,8 +125,8 @@ def _kv_optimizer_state_patch() -> None:
     from torchrec_ascend.kernels.key_value.tier import HostDiskTier
 
     def left(self: Any, t: int, slots: Any, ids: Any) -> None:
-        rows = self._kernel.pack_rows(t, slots)
-        rows[:, self._kernel._tbe.local_cols[t]:] = 0.0
+        rows = self._pool.pack(t, slots)
+        rows[:, self._pool.cols(t):] = 0.0
         self.stores[t].put(ids, rows)
         self.swaps[t]["swapped_out"] += ids.numel()
 
@@ -163,15 +163,15 @@ def _dedup_reverse_patch() -> None:
 
 
 def _transfer_dropped_patch() -> None:
-    from torchrec_ascend.kernels.fused import HashRows
+    from torchrec_ascend.kernels.id_mapper import IdMapper
 
-    original = HashRows._map_on_host
+    original = IdMapper.map_on_host
 
-    def _map_on_host(self: Any, on_host: Any, device: Any) -> Any:
+    def map_on_host(self: Any, on_host: Any, device: Any) -> Any:
         rows, mapped = original(self, on_host, device)
         return mapped.values(), mapped  # the rows stay on the host
 
-    HashRows._map_on_host = _map_on_host
+    IdMapper.map_on_host = map_on_host
 
 
 FAULTS = {
@@ -182,6 +182,6 @@ FAULTS = {
     "kv_optimizer_state": _after_import("torchrec_ascend.kernels.key_value.tier", _kv_optimizer_state_patch),
     "saver_row": _after_import("torchrec_ascend.kernels.fused", _saver_row_patch),
     "dedup_reverse": _after_import("torchrec_ascend.sharders.index_dedup", _dedup_reverse_patch),
-    "transfer_dropped": _after_import("torchrec_ascend.kernels.fused", _transfer_dropped_patch),
+    "transfer_dropped": _after_import("torchrec_ascend.kernels.id_mapper", _transfer_dropped_patch),
 }
 FAULTS[os.environ[FAULT_ENV]]()

@@ -8,7 +8,7 @@ pinned), and every lookup found its rows ready.
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Any, List, Tuple
 
 import torch
 from hypothesis import given, settings
@@ -17,19 +17,28 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend.hash.configs import HashTableSpec
 from torchrec_ascend.hash.slot_table import SlotTable
-from torchrec_ascend.kernels.id_mapper import IdMapper, with_values
+from torchrec_ascend.kernels.id_mapper import IdMapper
+from torchrec_ascend.kernels.row_tier import PoolOnly
 
 ROWS = 64  # plenty for two batches in flight: every prefetch fits
 
 
+class _RowlessPool:
+    """A pool without rows: the pins are the slot table's, no row is written."""
+
+    names = ["t"]
+
+    def initialise(self, t: int, assignment: object) -> None:
+        pass
+
+    def write_default_row(self, t: int) -> None:
+        pass
+
+
 def _mapper() -> Tuple[IdMapper, SlotTable]:
     table = SlotTable("t", HashTableSpec(), ROWS, "evict")
-
-    def map_on_host(on_host: KeyedJaggedTensor, device: torch.device) -> Tuple[torch.Tensor, KeyedJaggedTensor]:
-        slots = table.assign(on_host.values(), training=True).slots
-        return slots.to(device), with_values(on_host, slots)
-
-    return IdMapper([table], ["f"], [0], map_on_host, lambda t: None), table
+    pool: Any = _RowlessPool()
+    return IdMapper([table], ["f"], [0], pool, PoolOnly(pool), training=lambda: True), table
 
 
 def _pins_expected(batches: List[torch.Tensor], slots: int) -> torch.Tensor:

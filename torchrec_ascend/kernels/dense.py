@@ -26,8 +26,10 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.configs import HashTableSpec, hash_spec_of
-from torchrec_ascend.kernels.fused import HashRows, with_values
+from torchrec_ascend.kernels.fused import HashRows
+from torchrec_ascend.kernels.id_mapper import with_values
 from torchrec_ascend.kernels.tbe_config import with_reserved_rows, without_hash_params
+from torchrec_ascend.kernels.transfers import to_device, to_host
 
 
 class SequenceDenseEmbedding(BatchedDenseEmbedding):
@@ -77,7 +79,7 @@ _MIN_GATHER_WIDTH = 256
 def _lengths_per_key(features: KeyedJaggedTensor) -> torch.Tensor:
     """IDs per feature, on the IDs' device (computed there, unless the batch's stride varies per feature)."""
     if features.variable_stride_per_key():
-        return torch.tensor(features.length_per_key(), dtype=torch.int64, device=features.values().device)
+        return to_device(torch.tensor(features.length_per_key(), dtype=torch.int64), features.values().device)
     return features.lengths().long().view(len(features.keys()), features.stride()).sum(dim=1)
 
 
@@ -85,11 +87,12 @@ def _gather_to_host(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     """Every rank's ``tensor`` (same shape everywhere), gathered on its device, then on the host: [world, numel]."""
     out = torch.empty(dist.get_world_size(group) * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
     dist.all_gather_into_tensor(out, tensor, group=group)
-    return out.cpu().view(dist.get_world_size(group), -1)
+    return to_host(out).view(dist.get_world_size(group), -1)
 
 
 class HashDenseRows(HashRows):
-    """Mixin: hash rows for replicated tables; every replica inserts all ranks' IDs in the same order."""
+    """The hash kernel's parts for replicated tables, plus the mapping that keeps replicas equal: every replica
+    inserts all ranks' IDs in the same order."""
 
     #: IDs per rank the all-gather carries: a power of two, at least twice the largest batch seen and at least
     #: _MIN_GATHER_WIDTH (every rank derives it from the same gathered sizes).
@@ -132,7 +135,7 @@ class HashDenseRows(HashRows):
                 for f, o in enumerate(offsets)]
         if not mine:
             return features
-        return with_values(features, torch.cat(mine).to(features.values().device, non_blocking=True))  # rows, once
+        return with_values(features, to_device(torch.cat(mine), features.values().device))  # rows, once
 
 
 class HashDenseEmbeddingBag(HashDenseRows, BatchedDenseEmbeddingBag):
@@ -144,7 +147,7 @@ class HashDenseEmbeddingBag(HashDenseRows, BatchedDenseEmbeddingBag):
         super().__init__(without_hash_params(with_reserved_rows(config)), pg, device, sharding_type)
         self._tbe = TBE(self, optimizer_states=False)
         self._tbe.hide_last_rows(without_hash_params(config))
-        self._init_hash_rows(config, [r + 1 for r in self._tbe.local_rows], [s.overflow for s in specs])
+        self._compose(config, [r + 1 for r in self._tbe.local_rows], [s.overflow for s in specs])
 
     def forward(self, features: KeyedJaggedTensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return super().forward(self.map_replicated(features), *args, **kwargs)
@@ -157,7 +160,7 @@ class HashDenseEmbedding(HashDenseRows, SequenceDenseEmbedding):
         specs = _specs(config)
         super().__init__(without_hash_params(with_reserved_rows(config)), pg, device)  # wraps the TBE
         self._tbe.hide_last_rows(without_hash_params(config))
-        self._init_hash_rows(config, [r + 1 for r in self._tbe.local_rows], [s.overflow for s in specs])
+        self._compose(config, [r + 1 for r in self._tbe.local_rows], [s.overflow for s in specs])
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         return super().forward(self.map_replicated(features))

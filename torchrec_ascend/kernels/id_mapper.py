@@ -2,12 +2,14 @@
 
 The mapper owns the order in which batches take rows: a prefetching pipeline maps a batch on its host thread ahead
 of the batch's lookup, and the rows of every batch in flight stay pinned (never evicted) until the lookup after its
-own; one lock serialises the two threads. The mapping itself (slot tables, then the kernel's row tier and pool) is
-the kernel's ``map_on_host``.
+own; one lock serialises the two threads. Mapping a batch (:meth:`IdMapper.map_on_host`) checks its IDs on the host
+copy, asks each table's slot table for rows, hands arriving and evicted rows to the kernel's row tier and rewrites
+the pool's default rows. The batch's IDs cross to the host once and its rows come back once (the mapper's two
+copies, through :mod:`torchrec_ascend.kernels.transfers`).
 
 Example::
 
-    mapper = IdMapper(slot_tables, ["f1", "f2"], [0, 0], kernel._map_on_host, kernel._write_default_row)
+    mapper = IdMapper(slot_tables, ["f1", "f2"], [0, 0], pool, PoolOnly(pool), training=lambda: kernel.training)
     mapper.prefetch(indices, offsets)     # the pipeline, ahead of the batch
     rows = mapper.lookup(features)        # the forward: the prefetched rows, or mapped now
 """
@@ -15,18 +17,20 @@ Example::
 from __future__ import annotations
 
 import collections
+import functools
 import threading
-from typing import Any, Callable, List, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_ascend.errors import check_non_negative_ids
 from torchrec_ascend.hash.slot_table import SlotTable
+from torchrec_ascend.kernels.pool import Pool
+from torchrec_ascend.kernels.row_tier import RowTier
+from torchrec_ascend.kernels.transfers import to_device, to_host
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
-
-#: A kernel's mapping of a batch's raw IDs on the host: (the rows on ``device``, the batch with rows on the host).
-MapOnHost = Callable[[KeyedJaggedTensor, torch.device], Tuple[torch.Tensor, KeyedJaggedTensor]]
 
 
 def with_values(features: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJaggedTensor:
@@ -51,8 +55,11 @@ class IdMapper:
         slot_tables: the kernel's slot tables, one per table.
         feature_names: the kernel's features, in its (TorchRec's feature-major) order.
         feature_table_map: per feature, its table's index.
-        map_on_host: maps a batch whose IDs are on the host (see :data:`MapOnHost`).
-        write_default_row: rewrites table ``t``'s reserved default row (training may have moved it).
+        pool: the kernel's pool (its default rows; the tier fills arriving rows in it).
+        tier: the kernel's row tier (rows arriving in the pool and leaving it).
+        training: whether the kernel trains now (slot tables insert only in training).
+        on_batch: called with each batch's host copy before it is mapped: the kernel's further checks (raise to
+            refuse the batch) and per-batch bookkeeping.
     """
 
     def __init__(
@@ -60,14 +67,19 @@ class IdMapper:
         slot_tables: Sequence[SlotTable],
         feature_names: List[str],
         feature_table_map: List[int],
-        map_on_host: MapOnHost,
-        write_default_row: Callable[[int], None],
+        pool: Pool,
+        tier: RowTier,
+        training: Callable[[], bool],
+        on_batch: Optional[Callable[[KeyedJaggedTensor], None]] = None,
     ) -> None:
         self._slot_tables = slot_tables
         self._feature_names = feature_names
-        self._table_of_feature = feature_table_map
-        self._map_on_host = map_on_host
-        self._write_default_row = write_default_row
+        self._features_of = [[i for i, ft in enumerate(feature_table_map) if ft == t] for t in range(len(slot_tables))]
+        self._table_name = {f: pool.names[t] for f, t in zip(feature_names, feature_table_map)}
+        self._pool = pool
+        self._tier = tier
+        self._training = training
+        self._on_batch = on_batch
         self._pipeline_depth = 1
         # Prefetched batches by their IDs tensor (kept alive, so its address stays unique): (ids, rows, pinned slots);
         # rows and pins None: the batch could not be prefetched and is mapped at its lookup (and so is every later one).
@@ -99,7 +111,7 @@ class IdMapper:
         if batch_size_per_feature_per_rank is not None or not self._feature_names:
             return  # variable batch sizes: rows are chosen in the lookup
         # The batch's IDs and offsets cross to the host once (this runs on the pipeline's host thread).
-        on_host = KeyedJaggedTensor(keys=self._feature_names, values=indices.to("cpu"), offsets=offsets.to("cpu"))
+        on_host = KeyedJaggedTensor(keys=self._feature_names, values=to_host(indices), offsets=to_host(offsets))
         self._prefetching = True
         key = (indices.data_ptr(), indices.numel())
         with self._rows_lock:
@@ -107,7 +119,7 @@ class IdMapper:
             if waiting or not self.fits(on_host):
                 self._prefetched[key] = (indices, None, None)  # later batches must not take rows this one needs first
             else:
-                rows, slots = self._map_on_host(on_host, indices.device)
+                rows, slots = self.map_on_host(on_host, indices.device)
                 self._prefetched[key] = (indices, rows, self._pin(slots))
             while len(self._prefetched) > self._pipeline_depth + 1:  # batches a pipeline dropped (detach, end)
                 pinned = self._prefetched.popitem(last=False)[1][2]
@@ -125,13 +137,13 @@ class IdMapper:
             ready = self._prefetched.pop((values.data_ptr(), values.numel()), None)
             if ready is not None and ready[1] is not None and (ready[0] is values or torch.equal(ready[0], values)):
                 for t in range(len(self._slot_tables)):
-                    self._write_default_row(t)  # the previous backward may have moved it since the prefetch
+                    self._pool.write_default_row(t)  # the previous backward may have moved it since the prefetch
                 self.prefetched_batches += 1
                 mapped, self._in_compute = with_values(features, ready[1]), ready[2]
             else:
                 if ready is not None and ready[2] is not None:
                     self._release(ready[2])
-                rows, slots = self._map_on_host(with_values(features, values.to("cpu")), values.device)
+                rows, slots = self.map_on_host(with_values(features, to_host(values)), values.device)
                 mapped = with_values(features, rows)
                 self._in_compute = self._pin(slots)
             return mapped
@@ -139,7 +151,43 @@ class IdMapper:
     def map_now(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``features`` with raw IDs replaced by rows chosen now (nothing pinned); the values on their device."""
         values = features.values()
-        return with_values(features, self._map_on_host(with_values(features, values.to("cpu")), values.device)[0])
+        return with_values(features, self.map_on_host(with_values(features, to_host(values)), values.device)[0])
+
+    def map_on_host(self, on_host: KeyedJaggedTensor, device: torch.device) -> Tuple[torch.Tensor, KeyedJaggedTensor]:
+        """Map ``on_host`` (a batch's raw IDs on the host): its rows on ``device`` (one host-to-device copy), and
+        ``on_host`` with the rows in place of the IDs (on the host, for pinning).
+
+        Raises:
+            InputError: a negative ID (the message names its table and feature), or ``on_batch``'s refusal.
+            CapacityError: a table cannot take the batch's new IDs (see :meth:`SlotTable.assign`).
+        """
+        values = on_host.values()
+        check_non_negative_ids(
+            values, self._feature_names, lambda: on_host.offset_per_key()[1:], self._table_name.__getitem__
+        )
+        if self._on_batch is not None:
+            self._on_batch(on_host)
+        per_feature = torch.split(values, on_host.length_per_key())
+        slots: List[Any] = [None] * len(per_feature)
+        for t, table in enumerate(self._slot_tables):
+            features_of_t = self._features_of[t]
+            ids = torch.cat([per_feature[i] for i in features_of_t]) if features_of_t else values[:0]
+            assignment = table.assign(
+                ids.long(), training=self._training(),
+                known=self._tier.known(t), on_evict=functools.partial(self._tier.left, t),
+            )
+            if assignment.new_slots.numel():
+                try:
+                    self._tier.arrived(t, assignment)
+                except Exception:
+                    table.remove(assignment.new_ids)  # unfilled rows must not stay mapped; the stores keep theirs
+                    raise
+            self._pool.write_default_row(t)
+            sizes = [per_feature[i].numel() for i in features_of_t]
+            for i, part in zip(features_of_t, torch.split(assignment.slots, sizes)):
+                slots[i] = part
+        host_slots = torch.cat(slots) if slots else values
+        return to_device(host_slots, device), with_values(on_host, host_slots)
 
     def fits(self, features: KeyedJaggedTensor) -> bool:
         """Whether the pools can take these (host) IDs' rows now, next to the pinned rows of batches in flight."""
@@ -148,10 +196,7 @@ class IdMapper:
     def ids_per_table(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
         """Per table, the values of its features, concatenated in feature order."""
         per_feature = torch.split(features.values(), features.length_per_key())
-        return [
-            torch.cat([per_feature[i] for i, ft in enumerate(self._table_of_feature) if ft == t] or [_EMPTY])
-            for t in range(len(self._slot_tables))
-        ]
+        return [torch.cat([per_feature[i] for i in features] or [_EMPTY]) for features in self._features_of]
 
     def _pin(self, mapped: KeyedJaggedTensor) -> List[torch.Tensor]:
         """Pin the rows of ``mapped`` (slots on the host, per feature) until :meth:`_release`."""

@@ -1,9 +1,9 @@
 """Row tiers: where a hash kernel's rows go when they leave its pool, and come from when IDs arrive.
 
-A hash kernel (:class:`~torchrec_ascend.kernels.fused.HashRows`) keeps the rows of the IDs its slot tables hold in
-its pool (the TBE) and hands every other row question to its :class:`RowTier`: what happens to the rows of IDs that
-arrive in the pool and of IDs evicted from it, which IDs missing from the pool still have a row, and the rows held
-below the pool for checkpoints. FUSED and data_parallel kernels use :class:`PoolOnly` (no rows below the pool: an
+A hash kernel keeps the rows of the IDs its slot tables hold in its pool (:class:`~torchrec_ascend.kernels.pool.Pool`,
+the TBE) and hands every other row question to its :class:`RowTier`: what happens to the rows of IDs that arrive in
+the pool and of IDs evicted from it, which IDs missing from the pool still have a row, and the rows (and counters)
+held below the pool for checkpoints. FUSED and data_parallel kernels use :class:`PoolOnly` (no rows below the pool: an
 evicted ID is dropped, an arriving one initialised); KEY_VALUE uses
 :class:`~torchrec_ascend.kernels.key_value.tier.HostDiskTier` (a host store spilling to a disk store).
 
@@ -15,15 +15,13 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Protocol, Tuple
 
 import torch
 
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.slot_table import Assignment
-
-if TYPE_CHECKING:
-    from torchrec_ascend.kernels.fused import HashRows
+from torchrec_ascend.kernels.pool import Pool
 
 
 class RowTier(Protocol):
@@ -50,8 +48,12 @@ class RowTier(Protocol):
     def read(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Packed rows of ``keys`` from below the pool, and which were found; moves nothing between tiers."""
 
-    def restore(self, t: int, keys: torch.Tensor, rows: torch.Tensor) -> None:
-        """Make the tiers below the pool hold exactly ``keys`` with packed ``rows``."""
+    def checkpoint_state(self, t: int) -> Dict[str, Any]:
+        """The tier's part of table ``t``'s checkpoint state (JSON values; merged into the shard's state)."""
+
+    def restore(self, t: int, keys: torch.Tensor, rows: torch.Tensor, state: Dict[str, Any]) -> None:
+        """Make the tiers below the pool hold exactly ``keys`` with packed ``rows``, and take the tier's part of the
+        shard's checkpoint ``state`` back."""
 
 
 class PoolOnly:
@@ -61,19 +63,19 @@ class PoolOnly:
     (the arriving ones overwrite its row).
 
     Args:
-        kernel: the kernel whose pool the rows live in.
+        pool: the kernel's pool, where the rows live.
     """
 
     lower_tiers = False
 
-    def __init__(self, kernel: "HashRows") -> None:
-        self._kernel = kernel
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
 
     def known(self, t: int) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
         return None
 
     def arrived(self, t: int, assignment: Assignment) -> None:
-        self._kernel.initialise_rows(t, assignment)
+        self._pool.initialise(t, assignment)
 
     def left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
         return None
@@ -82,12 +84,15 @@ class PoolOnly:
         return iter(())
 
     def read(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        width = self._kernel.row_width(t)
+        width = self._pool.row_width(t)
         return torch.zeros(keys.numel(), width), torch.zeros(keys.numel(), dtype=torch.bool)
 
-    def restore(self, t: int, keys: torch.Tensor, rows: torch.Tensor) -> None:
+    def checkpoint_state(self, t: int) -> Dict[str, Any]:
+        return {}
+
+    def restore(self, t: int, keys: torch.Tensor, rows: torch.Tensor, state: Dict[str, Any]) -> None:
         if keys.numel():
             raise ConfigError(
-                f"table {self._kernel.slot_table(t).table!r}: {keys.numel()} rows to restore have no pool slot, but "
+                f"table {self._pool.names[t]!r}: {keys.numel()} rows to restore have no pool slot, but "
                 "a FUSED table keeps every row in its pool; restore them with pool slots"
             )

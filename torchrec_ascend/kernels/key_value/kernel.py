@@ -35,7 +35,7 @@ import dataclasses
 import logging
 import math
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, cast
 
 import torch
 from torchrec.distributed.batched_embedding_kernel import BatchedFusedEmbedding, BatchedFusedEmbeddingBag
@@ -45,19 +45,14 @@ from torchrec.distributed.types import KeyValueParams
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend.adapters.tbe import TBE
-from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY
-from torchrec_ascend.kernels.fused import (
-    HashRows,
-    ShardInfo,
-    ShardRows,
-    place_vbe_output,
-    pooled_lookup,
-    with_values,
-)
+from torchrec_ascend.errors import ConfigError, InputError
+from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, hash_spec_of
+from torchrec_ascend.kernels.fused import HashRows, place_vbe_output, pooled_lookup
+from torchrec_ascend.kernels.id_mapper import with_values
 from torchrec_ascend.kernels.key_value.key_index import reserve
 from torchrec_ascend.kernels.key_value.tier import HostDiskTier
 from torchrec_ascend.kernels.tbe_config import with_block_rows
+from torchrec_ascend.kernels.transfers import to_device, to_host
 from torchrec_ascend.kernels.walk import sharded_kernels
 from torchrec_ascend.native import ops
 
@@ -126,33 +121,33 @@ def on_the_host(tables: List[Any]) -> List[Any]:
 
 
 class KeyValueRows(HashRows):
-    """Mixin: the FUSED hash machinery over a :class:`HostDiskTier`: rows swapped to and from a host store
-    (spilling to disk) instead of dropped."""
+    """The hash kernel's parts over a :class:`HostDiskTier`: rows swapped to and from a host store (spilling to
+    disk) instead of dropped; plus KEY_VALUE's cache metrics and evaluation from the tiers."""
 
-    def _init_key_value(self, config: GroupedEmbeddingConfig) -> None:
-        """Set up slot tables and stores; ``config`` is the shard's own (not cache-sized) grouped config."""
-        self._shard_tables = config.embedding_tables
-        self._shard_rows = [t.local_rows for t in config.embedding_tables]
+    def _compose_key_value(self, config: GroupedEmbeddingConfig) -> None:
+        """Build the parts; ``config`` is the shard's own (not cache-sized) grouped config."""
+        tables = config.embedding_tables
+        self._shard_tables = tables
+        self._shard_rows = [t.local_rows for t in tables]
         self._tbe = TBE(self)
-        tier = HostDiskTier(self, config)
-        self._init_hash_rows(config, self._tbe.local_rows, ["evict"] * len(self._shard_rows), tier)
-        # The tier's, read by the metrics, evaluation and checkpoint methods below.
-        self._stores, self._swaps, self._is_hash = tier.stores, tier.swaps, tier.is_hash
-        self._key_offsets = tier.key_offsets
+        is_hash = [hash_spec_of(t) is not None for t in tables]
         self._log_every = int(os.environ.get("TORCHREC_ASCEND_METRICS_EVERY", "1000"))
         self._batches = 0
+        self._compose(
+            config, self._tbe.local_rows, ["evict"] * len(tables),
+            tier=lambda pool: HostDiskTier(pool, config, is_hash), shard_tables=tables, hash_ids=is_hash,
+            on_batch=self._on_host_batch,
+        )
+        self._tier = cast(HostDiskTier, self.row_tier)
+        self._stores = self._tier.stores  # read by the metrics below and the scale benchmark
 
     def _eval_on_host(self, features: KeyedJaggedTensor) -> Optional[KeyedJaggedTensor]:
         """For an evaluation batch whose rows the cache cannot take now: the batch with its IDs on the host (for
         :meth:`rows_from_tiers`); None otherwise (training, or the batch fits)."""
         if self.training:
             return None
-        on_host = with_values(features, features.values().to("cpu"))
-        return None if self._fits(on_host) else on_host
-
-    def _fits(self, features: KeyedJaggedTensor) -> bool:
-        """Whether the cache can take this batch's rows now (the rows of batches in flight stay pinned)."""
-        return self._mapper.fits(features)
+        on_host = with_values(features, to_host(features.values()))
+        return None if self._mapper.fits(on_host) else on_host
 
     def rows_from_tiers(self, features: KeyedJaggedTensor) -> List[torch.Tensor]:
         """Per feature, the current row of each of its IDs (this shard's columns), read from whichever tier holds it.
@@ -176,48 +171,40 @@ class KeyValueRows(HashRows):
                 continue
             ids = torch.cat([per_feature[i] for i in features_of_t]).long()
             unique, inverse, _ = ops.hash_unique(ids)
-            cols = self._tbe.local_cols[t]
-            rows = torch.full((unique.numel(), cols), self._specs[t].not_admitted_value)
+            cols = self.pool.cols(t)
+            rows = torch.full((unique.numel(), cols), table.spec.not_admitted_value)
             slots = table.id_map.lookup(unique)
             cached = slots >= 0
-            pool = self._tbe.weights(t)
-            rows[cached] = pool[slots[cached].to(pool.device)].float().cpu()
+            rows[cached] = self.pool.gather(t, slots[cached]).float()
             below = (~cached).nonzero().squeeze(1)
             stored, found = self._tier.read(t, unique[below])
             rows[below[found]] = stored[found, :cols].float()
-            if not self._is_hash[t]:
+            if not self._tier.is_hash[t]:
                 fresh = below[~found]
-                rows[fresh] = self.initial_rows(t, unique[fresh] + self._key_offsets[t]).float()
+                rows[fresh] = self.pool.initial_rows(t, unique[fresh] + self._tier.key_offsets[t]).float()
             per_id = rows[inverse]
             for i, part in zip(features_of_t, torch.split(per_id, [per_feature[i].numel() for i in features_of_t])):
                 out[i] = part
         return out
 
-    def export_rows(self, t: int) -> Any:
-        """Every ID of table ``t``'s shard in any tier, its row (this shard's columns) and the first column."""
-        ids, rows, col0 = super().export_rows(t)
-        cols = self._tbe.local_cols[t]
-        parts = [(ids, rows)] + [(k, r[:, :cols]) for k, r in self._stores[t].chunks()]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), col0
+    def _on_host_batch(self, features: KeyedJaggedTensor) -> None:
+        """The ID mapper's call with each batch's host IDs, before they are mapped: plain tables' rows must lie in
+        the shard; every ``TORCHREC_ASCEND_METRICS_EVERY`` batches the cache metrics are logged.
 
-    def _map_on_host(self, on_host: KeyedJaggedTensor, device: torch.device) -> Any:
-        self._check_plain_ranges(on_host)  # on the host copy of the IDs: no device sync
-        mapped = super()._map_on_host(on_host, device)
+        Raises:
+            InputError: a plain table's row beyond the shard (the message names the table and feature).
+        """
+        if not all(self._tier.is_hash):
+            per_feature = torch.split(features.values(), features.length_per_key())
+            for feature, t, ids in zip(features.keys(), self._tbe.feature_table_map, per_feature):
+                if not self._tier.is_hash[t] and ids.numel() and int(ids.max()) >= self._shard_rows[t]:
+                    raise InputError(
+                        f"table {self._table_names[t]!r}, feature {feature!r}: row {int(ids.max())} is out of range "
+                        f"for a shard of {self._shard_rows[t]} rows (num_embeddings too small for the IDs?)"
+                    )
         self._batches += 1
         if self._log_every and self._batches % self._log_every == 0:
             logger.info("key_value cache metrics after %d batches: %s", self._batches, self.cache_stats())
-        return mapped
-
-    def _check_plain_ranges(self, features: KeyedJaggedTensor) -> None:
-        if all(self._is_hash):
-            return
-        for i, ids in enumerate(torch.split(features.values(), features.length_per_key())):
-            t = self._tbe.feature_table_map[i]
-            if not self._is_hash[t] and ids.numel() and int(ids.max()) >= self._shard_rows[t]:
-                raise ValueError(
-                    f"table {self._table_names[t]!r}, feature {self._feature_names[i]!r}: row {int(ids.max())} is out "
-                    f"of range for a shard of {self._shard_rows[t]} rows (num_embeddings too small for the IDs?)"
-                )
 
     def cache_stats(self) -> Dict[str, Dict[str, int]]:
         """Per table: cache hits/lookups, rows swapped in/out, evictions, admitted/rejected, rows and bytes per tier."""
@@ -227,7 +214,7 @@ class KeyValueRows(HashRows):
             store = self._stores[t].stats()
             out[name] = {
                 **slot,
-                **self._swaps[t],
+                **self._tier.swaps[t],
                 "cache_rows": slot["capacity"],
                 "cache_bytes": (slot["capacity"] + 1) * self._stores[t].row_bytes,
                 **{k: v for k, v in store.items() if isinstance(v, int)},
@@ -241,23 +228,6 @@ class KeyValueRows(HashRows):
         """Release the host and disk tiers (removes the disk files)."""
         for store in self._stores:
             store.close()
-
-    # -- checkpoint support: the host and disk tiers (see HashRows' checkpoint methods) --------------------------------
-
-    def shard_info(self, t: int) -> ShardInfo:
-        """As :meth:`HashRows.shard_info`, with the shard's own (not cache-sized) table config and key kind."""
-        return dataclasses.replace(
-            super().shard_info(t), table=self._shard_tables[t], hash_ids=self._is_hash[t]
-        )
-
-    def shard_state(self, t: int) -> Dict[str, Any]:
-        """As :meth:`HashRows.shard_state`, plus ``swaps``: the rows swapped in and out and initialised."""
-        return {**super().shard_state(t), "swaps": dict(self._swaps[t])}
-
-    def restore_shard(self, t: int, records: ShardRows, state: Dict[str, Any]) -> None:
-        """As :meth:`HashRows.restore_shard`; rows without a pool slot go to the host store (spilling to disk)."""
-        super().restore_shard(t, records, state)
-        self._swaps[t] = {**dict.fromkeys(self._swaps[t], 0), **state.get("swaps", {})}
 
     def state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> Dict[str, Any]:
         # TorchRec builds each table's ShardedTensor from this once, at sharding time: give it the shard's shape
@@ -282,7 +252,7 @@ class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None,
                  sharding_type: Any = None, env: Any = None) -> None:
         super().__init__(_cache_config(config), pg, device, sharding_type, env)
-        self._init_key_value(config)
+        self._compose_key_value(config)
 
     def forward(
         self,
@@ -293,10 +263,11 @@ class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
         on_host = self._eval_on_host(features)
         if on_host is not None:  # evaluation larger than the free cache: nothing is swapped
             pooled = self._pooled_from_tiers(on_host, features.weights_or_none())
-            if not features.variable_stride_per_key():
-                return torch.cat(pooled, dim=1).to(features.values().device)
             device = features.values().device
-            return vbe_layout(pooled, features.stride_per_key_per_rank(), vbe_output, vbe_output_offsets).to(device)
+            if not features.variable_stride_per_key():
+                return to_device(torch.cat(pooled, dim=1), device)
+            pooled_vbe = vbe_layout(pooled, features.stride_per_key_per_rank(), vbe_output, vbe_output_offsets)
+            return to_device(pooled_vbe, device)
         return pooled_lookup(self, self.lookup_rows(features), vbe_output, vbe_output_offsets)
 
     def _pooled_from_tiers(self, features: KeyedJaggedTensor, weights: Optional[torch.Tensor]) -> List[torch.Tensor]:
@@ -305,10 +276,10 @@ class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
         from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 
         rows = self.rows_from_tiers(features)
-        weights = None if weights is None else weights.to("cpu")
+        weights = None if weights is None else to_host(weights)
         if weights is not None:
             rows = [r * w.unsqueeze(1).float() for r, w in zip(rows, torch.split(weights, features.length_per_key()))]
-        lengths = features.lengths().to("cpu").long()
+        lengths = to_host(features.lengths()).long()
         samples = features.stride_per_key()
         first = [sum(samples[:i]) for i in range(len(samples))]  # each feature's first sample
         bags = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
@@ -328,14 +299,14 @@ class KeyValueEmbedding(KeyValueRows, BatchedFusedEmbedding):
 
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None, env: Any = None) -> None:
         super().__init__(_cache_config(config), pg, device)
-        self._init_key_value(config)
+        self._compose_key_value(config)
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         on_host = self._eval_on_host(features)
         if on_host is not None:  # evaluation larger than the free cache: nothing is swapped
             rows = self.rows_from_tiers(on_host)
             out = torch.cat(rows) if rows else torch.zeros(0, self._tbe.local_cols[0])
-            return out.to(features.values().device)
+            return to_device(out, features.values().device)
         return BatchedFusedEmbedding.forward(self, self.lookup_rows(features))
 
 

@@ -1,41 +1,39 @@
 """The KEY_VALUE row tier: rows leaving the device cache go to a host store that spills to a disk store.
 
-Rows leave the cache (the kernel's pool) packed with their optimizer state (:meth:`HashRows.pack_rows`) and come
+Rows leave the cache (the kernel's pool) packed with their optimizer state (:meth:`Pool.pack`) and come
 back unchanged; an ID never seen is initialised as a function of (seed, ID, column) with zero optimizer state (plain
 tables: keyed by row within the shard, initialised from the global row). See
 :mod:`torchrec_ascend.kernels.row_tier` for the protocol.
 
 Example::
 
-    tier = HostDiskTier(kernel, config)   # kernel: a KEY_VALUE kernel whose TBE adapter is set
+    tier = HostDiskTier(pool, config, [True])   # pool: the KEY_VALUE kernel's device cache, one hash table
     tier.stores[0].stats()["host_rows"]   # rows of table 0 in host memory
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 
-from torchrec_ascend.hash.configs import hash_spec_of
 from torchrec_ascend.hash.slot_table import Assignment
 from torchrec_ascend.kernels.key_value.disk_store import DiskStore
 from torchrec_ascend.kernels.key_value.host_store import HostStore
-
-if TYPE_CHECKING:
-    from torchrec_ascend.kernels.fused import HashRows
+from torchrec_ascend.kernels.pool import Pool
 
 
 class HostDiskTier:
     """Host and disk stores below a KEY_VALUE kernel's device cache, one of each per table.
 
     Args:
-        kernel: the kernel whose cache the rows leave and enter.
+        pool: the kernel's device cache, which the rows leave and enter.
         config: the shard's own (not cache-sized) grouped config: ``l2_cache_size`` (GB of host memory per table,
             default unbounded) and ``ssd_storage_directory`` (the disk tier; none: a full host store is an error) of
             its fused params.
+        is_hash: per table, keys are raw IDs (hash table), not rows of the shard (plain table).
 
     Attributes:
         stores: per table, its host store (spilling to its disk store).
@@ -46,10 +44,10 @@ class HostDiskTier:
 
     lower_tiers = True
 
-    def __init__(self, kernel: "HashRows", config: GroupedEmbeddingConfig) -> None:
-        self._kernel = kernel
+    def __init__(self, pool: Pool, config: GroupedEmbeddingConfig, is_hash: List[bool]) -> None:
+        self._pool = pool
         tables = config.embedding_tables
-        self.is_hash = [hash_spec_of(t) is not None for t in tables]
+        self.is_hash = is_hash
         self.key_offsets = [t.local_metadata.shard_offsets[0] for t in tables]
         params = config.fused_params or {}
         budget_gb = params.get("l2_cache_size")
@@ -57,7 +55,7 @@ class HostDiskTier:
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.stores: List[HostStore] = []
         for t, table in enumerate(tables):
-            width = kernel.row_width(t)
+            width = pool.row_width(t)
             disk = DiskStore(os.path.join(directory, f"rank{rank}"), width, name=table.name) if directory else None
             budget = int(budget_gb * 1024**3) if budget_gb is not None else 1 << 62
             self.stores.append(HostStore(width, torch.float32, budget_bytes=budget, spill=disk, name=table.name))
@@ -73,7 +71,6 @@ class HostDiskTier:
         return self.stores[t].contains
 
     def arrived(self, t: int, assignment: Assignment) -> None:
-        kernel = self._kernel
         rows, found = self.stores[t].pop(assignment.new_ids)
         fresh = ~found
         if bool(fresh.any()):
@@ -81,14 +78,14 @@ class HostDiskTier:
             if not self.is_hash[t]:
                 keys = keys + self.key_offsets[t]  # plain tables: initialised from the global row
             rows[fresh] = 0.0
-            rows[fresh, : kernel._tbe.local_cols[t]] = kernel.initial_rows(t, keys)
-        kernel.unpack_rows(t, assignment.new_slots, rows)
+            rows[fresh, : self._pool.cols(t)] = self._pool.initial_rows(t, keys)
+        self._pool.unpack(t, assignment.new_slots, rows)
         self.swaps[t]["swapped_in"] += int(found.sum())
         self.swaps[t]["initialised"] += int(fresh.sum())
 
     def left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
         # Every cached row was trained (eval lookups do not insert), so every evicted row is written back.
-        self.stores[t].put(ids, self._kernel.pack_rows(t, slots))
+        self.stores[t].put(ids, self._pool.pack(t, slots))
         self.swaps[t]["swapped_out"] += ids.numel()
 
     def stored(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
@@ -102,13 +99,17 @@ class HostDiskTier:
         finally:
             store.promote = promote
 
-    def restore(self, t: int, keys: torch.Tensor, rows: torch.Tensor) -> None:
+    def checkpoint_state(self, t: int) -> Dict[str, Any]:
+        return {"swaps": dict(self.swaps[t])}
+
+    def restore(self, t: int, keys: torch.Tensor, rows: torch.Tensor, state: Dict[str, Any]) -> None:
         store = self.stores[t]
         held = [k for k, _ in store.chunks()]
         if held:
             store.remove(torch.cat(held))
         if keys.numel():
             store.put(keys, rows)
+        self.swaps[t] = {**dict.fromkeys(self.swaps[t], 0), **state.get("swaps", {})}
 
     def close(self) -> None:
         """Release the host and disk tiers (removes the disk files)."""
