@@ -19,7 +19,7 @@ import functools
 import shutil
 import sys
 import tempfile
-from typing import Any, Callable, Dict, Iterator, Set
+from typing import Any, Callable, Dict, Iterator, List, Set
 
 import torch
 import torch.distributed as dist
@@ -46,14 +46,15 @@ def shared_directory(prefix: str, pg: Any) -> Iterator[str]:
         with shared_directory("ckpt-", pg) as directory:
             Saver(process_group=pg).save(model, directory)
     """
-    box = [tempfile.mkdtemp(prefix=prefix) if pg.rank() == 0 else None]
+    box: List[Any] = [tempfile.mkdtemp(prefix=prefix) if pg.rank() == 0 else None]
     dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
+    directory: str = box[0]
     try:
-        yield box[0]
+        yield directory
         dist.barrier(group=pg)  # no rank still reads it
     finally:
         if pg.rank() == 0:
-            shutil.rmtree(box[0], ignore_errors=True)
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
