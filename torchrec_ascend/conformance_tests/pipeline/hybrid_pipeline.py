@@ -88,29 +88,21 @@ class HybridBatch(Pipelineable):
             part.record_stream(stream)
 
 
+def _collection(cls: Any, config_cls: Any, tables: List[Tuple[str, int, int]]) -> Any:
+    """A stock collection of ``tables`` (name, rows, dim), feature ``f_<name>`` each, on the CPU."""
+    configs = [config_cls(name=n, num_embeddings=r, embedding_dim=d, feature_names=[f"f_{n}"]) for n, r, d in tables]
+    return cls(tables=configs, device=torch.device("cpu"))
+
+
 class Model(torch.nn.Module):
     """Dense features plus pooled (EBC) and/or sequence (EC) embeddings -> BCE and a sequence regulariser."""
 
     def __init__(self, kind: str) -> None:
         super().__init__()
-        self.ebc = (
-            torchrec.EmbeddingBagCollection(
-                tables=[torchrec.EmbeddingBagConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=[f"f_{n}"])
-                        for n, r, d in POOLED_TABLES],
-                device=torch.device("cpu"),
-            )
-            if kind in ("ebc", "both")
-            else None
-        )
-        self.ec = (
-            torchrec.EmbeddingCollection(
-                tables=[torchrec.EmbeddingConfig(name=n, num_embeddings=r, embedding_dim=d, feature_names=[f"f_{n}"])
-                        for n, r, d in SEQUENCE_TABLES],
-                device=torch.device("cpu"),
-            )
-            if kind in ("ec", "both")
-            else None
-        )
+        self.ebc = _collection(torchrec.EmbeddingBagCollection, torchrec.EmbeddingBagConfig, POOLED_TABLES) \
+            if kind in ("ebc", "both") else None
+        self.ec = _collection(torchrec.EmbeddingCollection, torchrec.EmbeddingConfig, SEQUENCE_TABLES) \
+            if kind in ("ec", "both") else None
         pooled_dim = sum(d for _, _, d in POOLED_TABLES) if self.ebc is not None else 0
         self.head = torch.nn.Linear(DENSE + pooled_dim, 1)
         self.sequence_head = torch.nn.Linear(SEQUENCE_TABLES[0][2], 1)
