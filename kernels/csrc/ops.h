@@ -34,7 +34,7 @@ at::Tensor hash_uniform_init_cpu(const at::Tensor& ids, int64_t seed, int64_t di
 
 // ---- KEY_VALUE key indexes (cpu/key_index.cpp, cpu/open_table.h): partitioned open-addressing buckets owned by
 // torchrec_ascend/kernels/key_value/key_index.py. The insert ops return an int64 scalar: -1, or the partition that would
-// outgrow its reserved buckets (then nothing changed).
+// outgrow its reserved buckets, or (key_index_insert) -2 - i where key i is present or repeats (nothing indexed).
 at::Tensor key_index_lookup_cpu(
     const at::Tensor& buckets, const at::Tensor& sizes, const at::Tensor& key_column, const at::Tensor& keys);
 at::Tensor key_index_insert_cpu(

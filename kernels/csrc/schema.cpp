@@ -18,7 +18,8 @@ TORCH_LIBRARY(torchrec_ascend, m) {
   // KEY_VALUE key indexes (torchrec_ascend/kernels/key_value/key_index.py): buckets [partitions * stride] (int32
   // bits of uint32 slot + 1 for key_index_*, int64 bits of uint64 fingerprint | location + 1 for fingerprint_*;
   // 0 empty, all ones a tombstone), sizes/live/used int64[partitions]. Inserts return an int64 scalar: -1, or the
-  // partition that would outgrow its stride (nothing changed then).
+  // partition that would outgrow its stride, or (key_index_insert) -2 - i where key i is present or repeats (nothing
+  // indexed then).
   m.def("key_index_lookup(Tensor buckets, Tensor sizes, Tensor key_column, Tensor keys) -> Tensor");
   m.def(
       "key_index_insert(Tensor(a!) buckets, Tensor(b!) sizes, Tensor(c!) live, Tensor(d!) used, Tensor key_column,"

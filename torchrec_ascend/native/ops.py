@@ -17,7 +17,9 @@ The key index ops work in place on the arrays of the KEY_VALUE stores' indexes
 (:mod:`torchrec_ascend.kernels.key_value.key_index`, which documents the layout): ``buckets`` ``[partitions *
 stride]``, int32 (the bits of a uint32 ``slot + 1``) for ``key_index_*`` and int64 (the bits of a uint64
 ``fingerprint << location_bits | location + 1``) for ``fingerprint_*``, 0 empty, all ones a tombstone; ``sizes``,
-``live`` and ``used`` int64 ``[partitions]``. They never copy more than one partition.
+``live`` and ``used`` int64 ``[partitions]``. They never copy more than one partition. Their bucket layout is no
+contract (checkpoints hold keys and rows, never buckets), so their oracle is not a reference op but a dict model of
+the map they keep (``tests/kernels/key_value/test_key_index*.py``).
 """
 
 from __future__ import annotations
@@ -306,11 +308,11 @@ def key_index_insert(
     max_load: float,
     low_load: float,
 ) -> int:
-    """Index ``slots`` under their keys ``key_column[slots]`` (distinct keys, all absent: the caller checks).
+    """Index ``slots`` under their keys ``key_column[slots]``, which must be distinct and absent.
 
     First every partition that the new keys would fill past ``max_load`` (live + tombstones) is rebuilt without
-    tombstones at ``low_load``: ``max(8, ceil(keys / low_load) + 1)`` buckets; then each key takes the first empty
-    or tombstone bucket from its home on.
+    tombstones at ``low_load``: ``max(8, ceil(keys / low_load) + 1)`` buckets; then each key, in order, takes the
+    first empty or tombstone bucket from its home on, after its probe ran to the end without meeting its key.
 
     Args:
         buckets, sizes, live, used (Tensor): the index state, mutated.
@@ -319,7 +321,9 @@ def key_index_insert(
         max_load, low_load (float): the load that triggers a rebuild and the load it rebuilds to.
 
     Returns:
-        int: ``-1``, or the first partition that would need more than ``stride`` buckets (nothing changed).
+        int: ``-1``; or the first partition that would need more than ``stride`` buckets (nothing changed); or
+        ``-2 - i`` where ``key_column[slots[i]]`` is present or repeats an earlier key (no key is indexed, the
+        partitions may have been rebuilt).
 
     Example::
 

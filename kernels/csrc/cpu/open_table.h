@@ -103,6 +103,30 @@ class OpenTable {
     }
   }
 
+  // insert(), but the probe first runs to its end: if `same(entry)` accepts an entry on it, nothing is stored and
+  // the result is -1.
+  template <typename Same>
+  int64_t insert_absent(int64_t p, int64_t home, T entry, Same&& same) {
+    T* r = region(p);
+    const int64_t size = size_[p];
+    int64_t free = -1;
+    for (int64_t pos = home;; pos = pos + 1 == size ? 0 : pos + 1) {
+      const T old = r[pos];
+      if (old == 0 || old == kTomb) {
+        free = free < 0 ? pos : free;
+        if (old == 0) {
+          break;
+        }
+      } else if (same(old)) {
+        return -1;
+      }
+    }
+    used_[p] += r[free] == 0;
+    live_[p] += 1;
+    r[free] = entry;
+    return p * stride_ + free;
+  }
+
   void erase(int64_t global) {
     buckets_[global] = kTomb;
     live_[global / stride_] -= 1;

@@ -1,4 +1,4 @@
-"""KeyIndex (growable key -> slot map) against a dict model; its memory per key and its byte bound."""
+"""KeyIndex (growable key -> slot map, native ops) against a dict model; its memory per key and its byte bound."""
 
 import numpy as np
 import pytest
@@ -80,3 +80,73 @@ def test_bulk_remove_keeps_every_other_key():
     assert (index.lookup(keys[:1024]) == -1).all()
     assert torch.equal(index.lookup(keys[1024:]), slots[1024:])
     assert len(index) == keys.numel() - 1024
+
+
+def check_table_invariants(index):
+    table = index._table
+    assert (table.live <= table.used).all() and (table.used <= MAX_LOAD * table.size).all()
+    live, tombs = 0, 0
+    for p in range(table.partitions):
+        region = table.buckets[p * table.stride : p * table.stride + table.size[p]]
+        assert (table.buckets[p * table.stride + table.size[p] : (p + 1) * table.stride] == 0).all()
+        live, tombs = live + int(((region != 0) & (region != table.tomb)).sum()), tombs + int((region == table.tomb).sum())
+    assert live == len(index) and tombs == int((table.used - table.live).sum())
+
+
+BATCHES = st.lists(st.integers(0, 2**63 - 1) | st.integers(0, 400), max_size=300)
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "remove", "lookup"]), BATCHES), max_size=25))
+def test_native_index_matches_dict_model_through_growth_and_tombstones(ops):
+    # max_capacity 20000: 4 partitions, each growing from 8 buckets and rebuilt as tombstones pile up.
+    index, model, freed_stack = KeyIndex(max_capacity=20_000), {}, []
+    for op, keys in ops:
+        batch = torch.tensor(keys, dtype=torch.int64)
+        if op == "insert":
+            new = list(dict.fromkeys(k for k in keys if k not in model))
+            slots = index.insert(torch.tensor(new, dtype=torch.int64)).tolist()
+            reused = min(len(new), len(freed_stack))
+            expected = [freed_stack.pop() for _ in range(reused)]  # the most recently freed slot first
+            assert slots[:reused] == expected
+            model.update(zip(new, slots))
+        elif op == "remove":
+            freed = index.remove(batch).tolist()
+            assert freed == [model.pop(k) for k in dict.fromkeys(keys) if k in model]  # order of first occurrence
+            freed_stack.extend(freed)
+        assert index.lookup(batch).tolist() == [model.get(k, -1) for k in keys]
+        assert len(index) == len(model)
+        check_table_invariants(index)
+    keys, slots = index.export()
+    assert dict(zip(keys.tolist(), slots.tolist())) == model
+
+
+@pytest.mark.parametrize("batch", [[7, 8, 7], [8, 1]])
+def test_insert_of_a_repeated_or_present_key_changes_nothing(batch):
+    index = KeyIndex(max_capacity=100)
+    index.insert(torch.tensor([1, 2, 3]))
+    index.remove(torch.tensor([2]))
+    with pytest.raises(ValueError, match="present or repeats"):
+        index.insert(torch.tensor(batch))
+    assert (len(index), index.capacity) == (2, 3)
+    assert index.lookup(torch.tensor([1, 2, 3, 7, 8])).tolist() == [0, -1, 2, -1, -1]
+    assert index.insert(torch.tensor([9, 10])).tolist() == [1, 3]  # the freed slot 1 is still handed out first
+    check_table_invariants(index)
+
+
+def test_rebuild_for_fewer_keys_shrinks_partitions_and_clears_what_they_left():
+    g = torch.Generator().manual_seed(1)
+    keys = torch.randint(0, 2**63 - 1, (200_000,), generator=g, dtype=torch.int64).unique()
+    index = KeyIndex(max_capacity=keys.numel())  # 32 partitions
+    index.insert(keys)
+    big = index._table.size.copy()
+    index.remove(keys[1000:])
+    index.insert(torch.tensor([-5]))  # no partition is due for a rebuild yet: tombstones count as used
+    for _ in range(3):  # churn until every partition passed MAX_LOAD once and was rebuilt for its few keys
+        batch = torch.randint(0, 2**63 - 1, (60_000,), generator=g, dtype=torch.int64).unique()
+        batch = batch[index.lookup(batch) < 0]
+        index.insert(batch)
+        index.remove(batch)
+    assert (index._table.size < big).all()
+    check_table_invariants(index)
+    assert torch.equal(index.lookup(keys[:1000]), torch.arange(1000))

@@ -263,9 +263,6 @@ class KeyIndex:
             return torch.empty(0, dtype=torch.int64)
         self.reserve(len(self) + n)
         values = keys.numpy()
-        if np.unique(values).size != n or bool((self.lookup(keys) >= 0).any()):
-            # builtin: an internal invariant (the stores look keys up before inserting), never the user's input
-            raise ValueError("KeyIndex.insert: keys must be distinct and absent; look them up first")
         reused = min(n, self._num_free)
         slots = np.empty(n, dtype=np.int64)
         slots[:reused] = self._free[self._num_free - reused : self._num_free][::-1]
@@ -274,10 +271,14 @@ class KeyIndex:
         self.capacity += n - reused
         self._key[slots] = values
         full = ops.key_index_insert(*self._table.state, self._key_column, torch.from_numpy(slots), MAX_LOAD, LOW_LOAD)
-        if full >= 0:  # nothing was indexed: hand the slots back
+        if full != -1:  # nothing was indexed: hand the slots back
             self._num_free += reused
             self.capacity -= n - reused
-            raise self._table.full_error(full, "KeyIndex")
+            if full >= 0:
+                raise self._table.full_error(full, "KeyIndex")
+            # builtin: an internal invariant (the stores look keys up before inserting), never the user's input
+            raise ValueError(f"KeyIndex.insert: key {int(values[-2 - full])} is present or repeats; keys must be "
+                             f"distinct and absent, look them up first")
         return torch.from_numpy(slots)
 
     def remove(self, keys: torch.Tensor) -> torch.Tensor:
