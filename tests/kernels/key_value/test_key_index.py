@@ -89,7 +89,8 @@ def check_table_invariants(index):
     for p in range(table.partitions):
         region = table.buckets[p * table.stride : p * table.stride + table.size[p]]
         assert (table.buckets[p * table.stride + table.size[p] : (p + 1) * table.stride] == 0).all()
-        live, tombs = live + int(((region != 0) & (region != table.tomb)).sum()), tombs + int((region == table.tomb).sum())
+        live += int(((region != 0) & (region != table.tomb)).sum())
+        tombs += int((region == table.tomb).sum())
     assert live == len(index) and tombs == int((table.used - table.live).sum())
 
 

@@ -96,9 +96,12 @@ def colliding_keys(count):
     return keys[order[same]], keys[order[same + 1]]
 
 
+def rows(keys):
+    return keys.double().unsqueeze(1).repeat(1, 3).float()
+
+
 def test_disk_store_tells_colliding_keys_apart(tmp_path):
     first, second = (torch.from_numpy(k) for k in colliding_keys(4))
-    rows = lambda keys: keys.double().unsqueeze(1).repeat(1, 3).float()  # noqa: E731
     with DiskStore(str(tmp_path), 3, name="t") as store:
         store.put(first, rows(first))
         assert not store.contains(second).any()  # the probe meets first's bucket, reads its record, goes on

@@ -124,7 +124,12 @@ class OpenTable:
         self.used = np.zeros(partitions, dtype=np.int64)  # live + tombstones
         signed = np.int32 if self.dtype.itemsize == 4 else np.int64
         #: ``(buckets, sizes, live, used)`` as tensors sharing these arrays' memory (buckets as signed bits).
-        self.state = tuple(torch.from_numpy(a) for a in (self.buckets.view(signed), self.size, self.live, self.used))
+        self.state: Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] = (
+            torch.from_numpy(self.buckets.view(signed)),
+            torch.from_numpy(self.size),
+            torch.from_numpy(self.live),
+            torch.from_numpy(self.used),
+        )
 
     @property
     def nbytes(self) -> int:
