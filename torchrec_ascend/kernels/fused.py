@@ -37,9 +37,7 @@ from torchrec_ascend.kernels.pool import Pool
 from torchrec_ascend.kernels.row_tier import PoolOnly, RowTier
 from torchrec_ascend.kernels.shard_checkpoint import ShardCheckpoint, ShardInfo, ShardRows
 from torchrec_ascend.kernels.tbe_config import with_reserved_rows, without_hash_params
-from torchrec_ascend.kernels.transfers import to_device, to_host
-
-_EMPTY = torch.empty(0, dtype=torch.int64)
+from torchrec_ascend.kernels.transfers import to_device
 
 
 class HashRows:
@@ -244,9 +242,14 @@ def place_vbe_output(
     """
     world = len(samples_per_rank[0]) if samples_per_rank else 0
     sizes = [samples_per_rank[f][r] * dims[f] for r in range(world) for f in range(len(dims))]
-    starts = to_host(offsets).flatten().tolist()  # [rank][feature], the order of ``own``'s blocks
-    positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, sizes)] or [_EMPTY])
-    return shared.index_copy(0, to_device(positions, shared.device), own.to(shared.dtype))
+    # The offsets stay where they are (no host read, no sync): block i's positions are starts[i] + 0..sizes[i]-1.
+    total, device = sum(sizes), shared.device
+    counts = to_device(torch.tensor(sizes, dtype=torch.int64), device)  # the one host-to-device copy
+    starts = offsets.flatten()[:len(sizes)].to(torch.int64)  # [rank][feature], the order of ``own``'s blocks
+    block_of = torch.repeat_interleave(torch.arange(len(sizes), device=device), counts, output_size=total)
+    first = torch.cumsum(counts, 0) - counts  # each block's first element in ``own``
+    positions = starts[block_of] + torch.arange(total, device=device) - first[block_of]
+    return shared.index_copy(0, positions, own.to(shared.dtype))
 
 
 def _specs(config: GroupedEmbeddingConfig) -> List[HashTableSpec]:
