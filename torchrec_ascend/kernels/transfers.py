@@ -12,6 +12,10 @@ tables on an accelerator (the emulated NPU's tests and the conformance suite's `
   initial values (KEY_VALUE: the rows read back from the host tier); per table that evicted rows (KEY_VALUE): one
   host-to-device copy of their slots and one device-to-host copy of their packed rows (blocking).
 
+A variable-batch (VBE) lookup adds stock fbgemm's own metadata copies (3 host-to-device) and, on a TBE that cannot
+write TorchRec's shared output (the CPU's, the emulator's), one host-to-device copy of the block sizes
+(``fused.place_vbe_output``; TorchRec's offsets stay on the device).
+
 Under a pipeline that prefetches, the same copies happen in the prefetch, on the pipeline's host thread, and the
 lookup reuses its rows. Checkpoints (the pool's export and restore) and KEY_VALUE evaluation from the tiers copy
 between batches or per evaluation batch, through the same two functions. On the CPU every copy is a no-op.
