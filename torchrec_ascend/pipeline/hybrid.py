@@ -22,8 +22,10 @@ Design:
   groups, before any lane exists.
 * POST_INPUT calls each sharded module's ``prefetch`` (TorchRec's idiom, as ``PrefetchTrainPipelineSparseDist``
   does, but also where the device has no streams), so kernels that prefetch get every batch ahead of compute and
-  in order. Every object in the model with ``set_pipeline_depth(depth)`` is told the depth at construction: a
-  KEY_VALUE kernel sizes its protection window (how many batches' rows stay pinned) from it, or refuses.
+  in order. Every object in the model with ``set_pipeline_depth(depth)`` is told the depth at construction; a
+  hash kernel accepts any depth: each prefetched batch pins its rows against eviction until the lookup after its
+  own (its backward is done by then), so pins follow the batches actually in flight; a batch whose rows do not
+  fit next to the pinned ones is mapped at its lookup instead, with the same result.
 * Devices with streams (from the backend profile) get memcpy, data-dist and prefetch streams; stages hand batches
   over with events (:mod:`~torchrec_ascend.pipeline.streams`). CPU has none.
 * Failures: a stage that raises on batch ``k`` makes ``progress`` raise :class:`PipelineStageError` (stage, batch
