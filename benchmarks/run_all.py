@@ -317,7 +317,8 @@ def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, loa
     return "\n".join(lines) + "\n"
 
 
-STANDALONE = ("## Scale:",)  # sections that benchmarks run on their own write (bench_scale.py): kept across runs
+# sections that benchmarks run on their own write (bench_scale.py, bench_key_index.py): kept across runs
+STANDALONE = ("## Scale:", "## Key index:")
 
 
 def standalone_sections(path: str) -> str:
