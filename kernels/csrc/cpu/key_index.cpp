@@ -10,6 +10,8 @@
 //   against the records. Home bucket: fingerprint * size >> fingerprint_bits.
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <initializer_list>
 #include <vector>
 
 #include "../ops.h"
