@@ -20,7 +20,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -29,7 +29,13 @@ from torchrec_ascend.hash.configs import HashTableSpec
 from torchrec_ascend.hash.id_map import IdMap
 from torchrec_ascend.native import ops
 
+if TYPE_CHECKING:
+    from torchrec_ascend.policies.base import AdmissionPolicy, EvictionPolicy
+    from torchrec_ascend.policies.cadence import EvictionCadence
+
 _EMPTY = torch.empty(0, dtype=torch.int64)
+NEVER_USED = -(2**62)  # last_used of a row no ID has used: older than any step
+COUNTERS = ("lookups", "hits", "inserted", "evicted", "rejected", "unknown_in_eval")  # stats() keys
 
 
 @dataclasses.dataclass
@@ -80,9 +86,6 @@ class SlotTable(torch.nn.Module):
             )
         if overflow not in ("error", "evict"):
             raise ConfigError(f"table {table!r}: overflow must be 'error' or 'evict', got {overflow!r}")
-        from torchrec_ascend.policies.cadence import EvictionCadence
-        from torchrec_ascend.policies.registry import create_admission_policy, create_eviction_policy
-
         self.table = table
         self.spec = spec
         self.capacity = rows - 1
@@ -94,30 +97,29 @@ class SlotTable(torch.nn.Module):
         self.step = 0
         self.id_map = IdMap(self.capacity)
         self.register_buffer("slot_ids", torch.full((self.capacity,), -1, dtype=torch.int64))
-        self.register_buffer("last_used", torch.full((self.capacity,), -(2**62), dtype=torch.int64))
+        self.register_buffer("last_used", torch.full((self.capacity,), NEVER_USED, dtype=torch.int64))
         # Batches in flight (prefetched, or in compute) pin their rows; a row is evictable only at zero pins.
         self.register_buffer("pins", torch.zeros(self.capacity, dtype=torch.int32), persistent=False)
         # Scratch for counting hits without a per-batch allocation of the table's size: all False between batches.
         self.register_buffer("new_mark", torch.zeros(self.capacity, dtype=torch.bool), persistent=False)
+        self.eviction, self.admission, self.cadence = self._new_policies()
+        self.counters: Dict[str, int] = dict.fromkeys(COUNTERS, 0)
+
+    def _new_policies(self) -> Tuple[Optional[EvictionPolicy], Optional[AdmissionPolicy], Optional[EvictionCadence]]:
+        """Fresh eviction, admission and cadence objects from the spec (None where the table has none)."""
+        from torchrec_ascend.policies.cadence import EvictionCadence
+        from torchrec_ascend.policies.registry import create_admission_policy, create_eviction_policy
+
+        spec, evicts = self.spec, self.overflow == "evict"
         try:
-            self.eviction = (
-                create_eviction_policy(spec.eviction_policy, self.capacity, **dict(spec.eviction_options))
-                if overflow == "evict"
-                else None
-            )
-            self.admission = (
-                create_admission_policy(spec.admission_policy, **dict(spec.admission_options))
-                if spec.admission_policy
-                else None
-            )
-            self.cadence = (
-                EvictionCadence(self.capacity, **dict(spec.eviction_cadence)) if self.eviction is not None else None
-            )
+            eviction = create_eviction_policy(spec.eviction_policy, self.capacity, **dict(spec.eviction_options)) \
+                if evicts else None
+            admission = create_admission_policy(spec.admission_policy, **dict(spec.admission_options)) \
+                if spec.admission_policy else None
+            cadence = EvictionCadence(self.capacity, **dict(spec.eviction_cadence)) if evicts else None
         except ConfigError as err:
-            raise ConfigError(f"table {table!r}: {err}") from err
-        self.counters: Dict[str, int] = dict.fromkeys(
-            ("lookups", "hits", "inserted", "evicted", "rejected", "unknown_in_eval"), 0
-        )
+            raise ConfigError(f"table {self.table!r}: {err}") from err
+        return eviction, admission, cadence
 
     def __len__(self) -> int:
         return len(self.id_map)
@@ -341,7 +343,7 @@ class SlotTable(torch.nn.Module):
                 f"table {self.table!r}: {ids.numel()} IDs to restore into a shard that holds {self.capacity}; raise "
                 "num_embeddings (or the cache load_factor), or load with more ranks"
             )
-        fresh = SlotTable(self.table, self.spec, self.capacity + 1, self.overflow)  # fresh policies and buffers
+        eviction, admission, cadence = self._new_policies()  # before any change: a bad spec leaves the table as is
         self.id_map = IdMap.from_export(ids, slots, self.capacity)
         if "next_fresh" in state:
             free, next_fresh = state["free_slots"], int(state["next_fresh"])
@@ -352,13 +354,13 @@ class SlotTable(torch.nn.Module):
                 )
             self.id_map.free_slots[: free.numel()] = free
             self.id_map.counters.copy_(torch.tensor([next_fresh, free.numel()]))
-        self.slot_ids.copy_(fresh.slot_ids)
+        self.slot_ids.fill_(-1)
         self.slot_ids[slots] = ids
-        self.last_used.copy_(fresh.last_used)
+        self.last_used.fill_(NEVER_USED)
         self.last_used[slots] = last_used
         self.step = int(state.get("step", 0))
-        self.counters = {**fresh.counters, **state.get("counters", {})}
-        self.eviction, self.admission, self.cadence = fresh.eviction, fresh.admission, fresh.cadence
+        self.counters = {**dict.fromkeys(COUNTERS, 0), **state.get("counters", {})}
+        self.eviction, self.admission, self.cadence = eviction, admission, cadence
         if self.eviction is not None and self.cadence is not None:
             if state.get("eviction"):
                 self.eviction.load_state_dict(state["eviction"])
