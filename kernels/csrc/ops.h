@@ -70,6 +70,13 @@ at::Tensor fingerprint_insert_cpu(
     double max_load,
     double low_load);
 
+// ---- reading fixed-size records by offset from open files (cpu/record_io.cpp), for the KEY_VALUE disk tier: record i
+// is `record_bytes` bytes at offsets[i] * record_bytes of file descriptor fds[i], copied into row i of `out`. Returns
+// int64[2]: (-1, 0) when every record was read, else (i, errno) for the first record i not read in full (errno 0: the
+// file ends before it); records after it in file order are not read.
+at::Tensor read_records_cpu(
+    const at::Tensor& fds, const at::Tensor& offsets, int64_t record_bytes, const at::Tensor& out);
+
 // ---- input checks (messages name the op and the argument, and say how to fix the call)
 void check_1d_int64(const at::Tensor& t, const char* op, const char* arg);
 void check_non_negative(const at::Tensor& ids, const char* op);

@@ -33,6 +33,9 @@ TORCH_LIBRARY(torchrec_ascend, m) {
   m.def(
       "fingerprint_insert(Tensor(a!) buckets, Tensor(b!) sizes, Tensor(c!) live, Tensor(d!) used, Tensor part,"
       " Tensor entries, int fingerprint_bits, float max_load, float low_load) -> Tensor");
+  // KEY_VALUE disk tier: record i is record_bytes bytes at offsets[i] * record_bytes of file descriptor fds[i], copied
+  // into row i of out; returns int64[2] (-1, 0), or (i, errno) for the first record not read in full (0: end of file).
+  m.def("read_records(Tensor fds, Tensor offsets, int record_bytes, Tensor(a!) out) -> Tensor");
   m.def("hash_unique(Tensor ids) -> (Tensor unique, Tensor inverse, Tensor counts)");
   m.def("hash_rank(Tensor ids, int world_size) -> Tensor");
   m.def(

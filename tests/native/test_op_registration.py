@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 import pytest
 import torch
@@ -33,6 +35,8 @@ SCHEMAS = {
     "fingerprint_insert": "torchrec_ascend::fingerprint_insert(Tensor(a!) buckets, Tensor(b!) sizes, "
     "Tensor(c!) live, Tensor(d!) used, Tensor part, Tensor entries, int fingerprint_bits, float max_load, "
     "float low_load) -> Tensor",
+    "read_records": "torchrec_ascend::read_records(Tensor fds, Tensor offsets, int record_bytes, Tensor(a!) out) "
+    "-> Tensor",
     "hash_unique": "torchrec_ascend::hash_unique(Tensor ids) -> (Tensor unique, Tensor inverse, Tensor counts)",
     "hash_rank": "torchrec_ascend::hash_rank(Tensor ids, int world_size) -> Tensor",
     "hash_bucketize": "torchrec_ascend::hash_bucketize(Tensor lengths, Tensor values, Tensor? weights, "
@@ -77,6 +81,11 @@ def fingerprint_state():
     return state
 
 
+RECORDS = tempfile.TemporaryFile()  # open for the whole session: the read_records case reads it by descriptor
+RECORDS.write(bytes(range(256)))
+RECORDS.flush()
+
+
 def opcheck_cases():
     ids = torch.tensor([20, 5, 20, 7, 30])
     lengths = torch.tensor([2, 0, 3], dtype=torch.int32)
@@ -96,6 +105,8 @@ def opcheck_cases():
         "id_map_remove": (*filled_state(), ids),
         "id_map_export": (filled_state()[0], filled_state()[2]),
         "id_map_rebuild": (*filled_state(), torch.tensor([8, 9]), torch.tensor([3, 1])),
+        "read_records": (torch.tensor([RECORDS.fileno()] * 3), torch.tensor([7, 0, 7]), 16,
+                         torch.empty(3, 2, dtype=torch.int64)),
         "hash_unique": (ids,),
         "hash_rank": (ids, 3),
         "hash_bucketize": (lengths, ids, torch.rand(5), 3),

@@ -45,6 +45,7 @@ __all__ = [
     "key_index_insert",
     "key_index_lookup",
     "key_index_remove",
+    "read_records",
 ]
 
 _ops = torch.ops.torchrec_ascend
@@ -403,6 +404,29 @@ def fingerprint_insert(
     )
 
 
+def read_records(fds: torch.Tensor, offsets: torch.Tensor, record_bytes: int, out: torch.Tensor) -> torch.Tensor:
+    """Copy record ``i`` (``record_bytes`` bytes at ``offsets[i] * record_bytes`` of the open file descriptor
+    ``fds[i]``) into row ``i`` of ``out``, announcing every record to the kernel first so that their disk reads run
+    in parallel instead of one at a time.
+
+    Args:
+        fds, offsets (Tensor): int64 ``[n]``; record offsets, not byte offsets.
+        record_bytes (int): bytes per record, > 0.
+        out (Tensor): contiguous CPU, ``n * record_bytes`` bytes (any dtype), written in place.
+
+    Returns:
+        Tensor: int64 ``[2]``: ``(-1, 0)`` when every record was read, else ``(i, errno)`` for the first record ``i``
+        (in file order) not read in full, errno 0 when the file ends before it; the rows of records after it in file
+        order are not written.
+
+    Example::
+
+        out = torch.empty(2, 4, dtype=torch.int64)  # two records of 32 bytes
+        failed, error = read_records(torch.tensor([fd, fd]), torch.tensor([7, 0]), 32, out).tolist()
+    """
+    return _ops.read_records(fds, offsets, record_bytes, out)
+
+
 # ---- fake kernels: output shapes and dtypes only; data-dependent sizes become unbacked symbols.
 
 
@@ -505,6 +529,11 @@ def _fingerprint_find_fake(
     fingerprint_bits: int,
 ) -> torch.Tensor:
     return torch.empty_like(part)
+
+
+@torch.library.register_fake("torchrec_ascend::read_records")
+def _read_records_fake(fds: torch.Tensor, offsets: torch.Tensor, record_bytes: int, out: torch.Tensor) -> torch.Tensor:
+    return fds.new_empty(2)
 
 
 @torch.library.register_fake("torchrec_ascend::fingerprint_insert")

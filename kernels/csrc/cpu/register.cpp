@@ -14,6 +14,7 @@ TORCH_LIBRARY_IMPL(torchrec_ascend, CPU, m) {
   m.impl("key_index_remove", &torchrec_ascend::key_index_remove_cpu);
   m.impl("fingerprint_find", &torchrec_ascend::fingerprint_find_cpu);
   m.impl("fingerprint_insert", &torchrec_ascend::fingerprint_insert_cpu);
+  m.impl("read_records", &torchrec_ascend::read_records_cpu);
   m.impl("hash_unique", &torchrec_ascend::hash_unique_cpu);
   m.impl("hash_rank", &torchrec_ascend::hash_rank_cpu);
   m.impl("hash_bucketize", &torchrec_ascend::hash_bucketize_cpu);

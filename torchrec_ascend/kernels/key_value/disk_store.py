@@ -40,7 +40,7 @@ from torchrec_ascend.native import ops
 from .disk_record import RecordFormat
 from .key_index import LOW_LOAD, MAX_LOAD, OpenTable, mix64, trim_heap
 from .row_store import check_keys, check_rows, last_occurrence
-from .segment_file import SegmentFile
+from .segment_file import SegmentFile, read_records
 
 DEFAULT_SEGMENT_BYTES = 256 << 20
 MAX_KEYS_IN_MESSAGE = 8
@@ -515,28 +515,35 @@ class DiskStore:
         return locations
 
     def _read(self, locations: np.ndarray, keys: torch.Tensor) -> np.ndarray:
-        """Records at ``locations`` (for ``keys``, named in messages), checked against their checksums."""
+        """Records at ``locations`` (for ``keys``, named in messages), checked against their checksums: one
+        batched read over every segment touched (:func:`.segment_file.read_records`)."""
+        if locations.size == 0:
+            return np.empty((0, self._format.words), dtype=np.uint64)
         segment_ids = locations // self.segment_records
         offsets = locations - segment_ids * self.segment_records
-        order = np.argsort(segment_ids, kind="stable")
-        ids, starts = np.unique(segment_ids[order], return_index=True)
-        records = np.empty((locations.size, self._format.words), dtype=np.uint64)
-        for segment_id, begin, end in zip(ids.tolist(), starts.tolist(), [*starts[1:].tolist(), order.size]):
-            where = order[begin:end]
-            seg = self._segments.get(segment_id)
-            if seg is None:
-                self._raise_damaged(locations[where], keys[torch.from_numpy(where)])
-            beyond = offsets[where] >= seg.readable()
-            if beyond.any():
-                self._damaged.add(segment_id)
-                raise StorageError(
-                    f"{self.where}: file '{seg.path}' is truncated ({seg.size_on_disk()} bytes, "
-                    f"{seg.count * self._format.nbytes} written): the rows of keys "
-                    f"{_keys_text(keys[torch.from_numpy(where[beyond])])} are lost; the other rows are intact. "
-                    f"Restore the table from a checkpoint"
-                )
-            records[where] = seg.read(offsets[where])
-            self._io["records_read"] += where.size
+        ids, which = np.unique(segment_ids, return_inverse=True)
+        known = np.array([segment_id in self._segments for segment_id in ids.tolist()])
+        if not known.all():
+            mine = np.flatnonzero(~known[which])
+            self._raise_damaged(locations[mine], keys[torch.from_numpy(mine)])
+        segments = [self._segments[segment_id] for segment_id in ids.tolist()]
+        readable = np.array([seg.readable() for seg in segments], dtype=np.int64)
+        beyond = np.flatnonzero(offsets >= readable[which])
+        if beyond.size:
+            seg = segments[int(which[beyond[0]])]
+            beyond = beyond[which[beyond] == which[beyond[0]]]
+            self._damaged.add(seg.segment_id)
+            raise StorageError(
+                f"{self.where}: file '{seg.path}' is truncated ({seg.size_on_disk()} bytes, "
+                f"{seg.count * self._format.nbytes} written): the rows of keys "
+                f"{_keys_text(keys[torch.from_numpy(beyond)])} are lost; the other rows are intact. "
+                f"Restore the table from a checkpoint"
+            )
+        try:
+            records = read_records(segments, which, offsets)
+        except StorageError as error:  # the file was cut or failed after the check above
+            raise StorageError(f"{self.where}: {error}; restore the table from a checkpoint") from error
+        self._io["records_read"] += locations.size
         bad = np.flatnonzero(records[:, 1] != self._format.checksums(records, locations))
         if bad.size:
             self._raise_damaged(locations[bad], keys[torch.from_numpy(bad)])

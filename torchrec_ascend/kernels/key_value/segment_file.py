@@ -1,28 +1,31 @@
-"""SegmentFile: one append-only file of fixed-size records of the disk store, read through a memory map.
+"""SegmentFile: one append-only file of fixed-size records of the disk store, and the batched random read of records.
 
 Writes are positional (``os.pwrite`` at ``count * record_bytes``), so the in-memory ``count`` is the truth: a
 failed write is rolled back by resetting ``count``, and stray bytes past it are overwritten by the next write.
-Reads gather records by offset from a read-only ``mmap`` of the open descriptor, so the file stays readable even
-if its directory entry goes away, and one numpy fancy-index reads a whole batch (``MADV_RANDOM``: a page fault reads
-its page, not the kernel's default read-around of 32 pages, which would multiply random reads by 32); afterwards
-the mapped pages are dropped from the process (``MADV_DONTNEED``: they stay in the page cache), so reading a file
-many times the size of memory never shows as this process's memory.
+Random reads gather a whole batch, across files, with one native call (:func:`read_records`, the op
+``torch.ops.torchrec_ascend.read_records``): it announces every record's pages to the kernel first
+(``posix_fadvise(WILLNEED)``), so a batch of page-cache misses is one burst of parallel disk reads, not one read at
+a time as page faults of a memory map would be (2.5-3x faster per batch of cold records on this machine's disk:
+``benchmarks/REPORT.md``), then copies each record with ``pread``. Nothing is mapped, so reading files many times
+the size of memory never shows as this process's memory, and a file truncated behind the store's back gives a short
+read, never a SIGBUS.
 
 Untrusted input: the file's name is made here from its number (a plain name inside the store's own folder, opened
-without following symlinks, never an existing file), and every read checks its offsets against the records written
-and the file's size on disk before touching the map; failures are :class:`StorageError` naming the file.
+without following symlinks, never an existing file); a read that comes back short or fails is a
+:class:`StorageError` naming the file and the record.
 """
 
 from __future__ import annotations
 
 import errno
-import mmap
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
+import torch
 
 from torchrec_ascend.errors import StorageError
+from torchrec_ascend.native import ops
 
 
 def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -70,7 +73,7 @@ class SegmentFile:
 
         seg = SegmentFile("/tmp/t", words=4, segment_id=0)
         seg.append(np.zeros((2, 4), dtype=np.uint64))  # returns 0, the first offset
-        seg.read(np.array([1]))  # array of shape [1, 4]
+        read_records([seg], np.array([0]), np.array([1]))  # array of shape [1, 4]
     """
 
     def __init__(self, directory: str, words: int, segment_id: int) -> None:
@@ -82,8 +85,6 @@ class SegmentFile:
         self.live = 0
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
         self._fd: Optional[int] = os.open(self.path, flags, 0o644)
-        self._map: Optional[mmap.mmap] = None
-        self._view: Optional[np.ndarray] = None  # uint64 [mapped records, words] over a read-only mmap
 
     def _open_fd(self) -> int:
         if self._fd is None:
@@ -107,7 +108,6 @@ class SegmentFile:
     def truncate(self, count: int) -> None:
         """Forget records from ``count`` on and shrink the file to match (best effort: ``count`` rules)."""
         self.count = count
-        self._unmap()
         try:
             os.ftruncate(self._open_fd(), count * self.record_bytes)
         except OSError:
@@ -120,35 +120,6 @@ class SegmentFile:
     def readable(self) -> int:
         """How many records can be read: those written that the file on disk still holds in full."""
         return min(self.count, self.size_on_disk() // self.record_bytes)
-
-    def read(self, offsets: np.ndarray) -> np.ndarray:
-        """Copies of the records at ``offsets`` (int64 ``[n]``).
-
-        The caller checks offsets against :meth:`readable` first to say which keys are lost; this check repeats it,
-        because touching a mapped page past the end of a truncated file raises SIGBUS, which no Python code can
-        catch.
-
-        Raises:
-            StorageError: an offset is negative, not written, or past the end of the file.
-        """
-        if offsets.size == 0:
-            return np.empty((0, self.words), dtype=np.uint64)
-        low, high = int(offsets.min()), int(offsets.max())
-        readable = self.readable()
-        if low < 0 or high >= readable:
-            raise StorageError(
-                f"segment file '{self.path}': record {low if low < 0 else high} asked for, but only {readable} of "
-                f"{self.count} written records are in the file ({self.size_on_disk()} bytes)"
-            )
-        if self._view is None or high >= self._view.shape[0]:
-            self._unmap()
-            self._map = mmap.mmap(self._open_fd(), readable * self.record_bytes, access=mmap.ACCESS_READ)
-            self._map.madvise(mmap.MADV_RANDOM)  # no read-around: a 4 KiB page per record, not 128 KiB
-            self._view = np.frombuffer(self._map, dtype=np.uint64).reshape(readable, self.words)
-        records = self._view[offsets]
-        assert self._map is not None  # mapped together with _view
-        self._map.madvise(mmap.MADV_DONTNEED)
-        return records
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
         """Records ``[start, stop)`` read sequentially (``os.pread``, not the map): uint64 ``[stop - start, words]``.
@@ -170,18 +141,8 @@ class SegmentFile:
             done += got
         return records
 
-    def _unmap(self) -> None:
-        self._view = None
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:
-                pass  # a caller still holds a view of it; it goes with the last reference
-            self._map = None
-
     def close(self) -> None:
-        """Drop the map and close the descriptor (idempotent)."""
-        self._unmap()
+        """Close the descriptor (idempotent)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -194,3 +155,36 @@ class SegmentFile:
         """
         self.close()
         os.unlink(self.path)
+
+
+def read_records(segments: Sequence[SegmentFile], which: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Copies of the records at ``offsets[i]`` of ``segments[which[i]]`` (int64 ``[n]`` each, repeats allowed), in
+    one native call for the whole batch: uint64 ``[n, words]``.
+
+    The caller checks offsets against :meth:`SegmentFile.readable` first, to say which keys are lost; a read that
+    still comes back short (the file was cut meanwhile) or fails raises here.
+
+    Raises:
+        StorageError: a record could not be read in full, naming its file, the record and the reason.
+
+    Example::
+
+        read_records([seg_a, seg_b], np.array([1, 0, 1]), np.array([7, 3, 0]))  # records 7 and 0 of seg_b, 3 of seg_a
+    """
+    if offsets.size == 0:
+        return np.empty((0, segments[0].words if segments else 0), dtype=np.uint64)
+    words = segments[0].words
+    records = np.empty((offsets.size, words), dtype=np.uint64)
+    fds = np.array([seg._open_fd() for seg in segments], dtype=np.int64)[which]
+    failed, error = ops.read_records(
+        torch.from_numpy(fds), torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int64)), 8 * words,
+        torch.from_numpy(records),
+    ).tolist()
+    if failed >= 0:
+        seg = segments[int(which[failed])]
+        reason = os.strerror(error) if error else f"the file ends at {seg.size_on_disk()} bytes"
+        raise StorageError(
+            f"segment file '{seg.path}': record {int(offsets[failed])} ({seg.record_bytes} bytes at byte "
+            f"{int(offsets[failed]) * seg.record_bytes}) could not be read: {reason}"
+        )
+    return records
