@@ -1,4 +1,4 @@
-"""DiskStore: the KEY_VALUE kernel's bottom tier, rows in append-only, memory-mapped segment files.
+"""DiskStore: the KEY_VALUE kernel's bottom tier, rows in append-only segment files.
 
 Design. Each ``put`` encodes its rows as fixed-size records (key, checksum, exact row bytes; see
 :mod:`.disk_record`) and appends them with one positional write per segment file touched. The index in memory is
@@ -6,17 +6,19 @@ one 8-byte bucket per key (see :mod:`.key_index`): a 28-bit fingerprint of the k
 location (segment number * records per segment + offset), 10 to 13 bytes of memory per key at its load; the
 full key is checked in the record itself, whose checksum also covers its location. Overwritten and removed records
 become garbage; a sealed segment whose garbage reaches ``compact_fraction`` of its records is compacted (its live
-records are re-appended, then the file is deleted, its number reused) before the next write. Reads gather records
-by offset from memory maps with numpy fancy indexing and verify every record's checksum and key, so a corrupted,
-moved or truncated record raises :class:`StorageError` naming the file and keys, never a wrong row or a silent miss.
+records are re-appended, then the file is deleted, its number reused) before the next write. A read gathers a
+batch's records across files in one native call that announces them all to the kernel first, so the disk serves
+the page-cache misses in parallel (:func:`.segment_file.read_records`), and verifies every record's checksum and
+key, so a corrupted, moved or truncated record raises :class:`StorageError` naming the file and keys, never a wrong
+row or a silent miss.
 A write is made before the index changes: a failed ``put`` (disk full, directory gone) changes nothing.
 
-Why memory-mapped files and not an embedded store (LMDB, RocksDB, SQLite): every row has the same size and every
+Why plain files and not an embedded store (LMDB, RocksDB, SQLite): every row has the same size and every
 access is a batch of thousands of keys, so an offset index plus one vectorized gather per batch is all the lookup
 needed, without per-key calls through a database API or a log-structured merge's read and write amplification.
 Such stores would also add a native dependency that must build for every target (Ascend hosts included) and
 durability machinery (write-ahead logs, fsync, transactions) that a cache tier does not need: checkpoints are
-written separately, through :meth:`DiskStore.chunks`. Files and mmap give the page cache for free.
+written separately, through :meth:`DiskStore.chunks`. Plain files give the page cache for free.
 
 Not durable by design: the index lives in memory and segment files are not fsync'ed; a store starts empty in a
 fresh subdirectory of ``directory`` and deletes it on :meth:`DiskStore.close`. Not thread-safe.

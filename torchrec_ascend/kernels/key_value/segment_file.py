@@ -5,10 +5,10 @@ failed write is rolled back by resetting ``count``, and stray bytes past it are 
 Random reads gather a whole batch, across files, with one native call (:func:`read_records`, the op
 ``torch.ops.torchrec_ascend.read_records``): it announces every record's pages to the kernel first
 (``posix_fadvise(WILLNEED)``), so a batch of page-cache misses is one burst of parallel disk reads, not one read at
-a time as page faults of a memory map would be (2.5-3x faster per batch of cold records on this machine's disk:
-``benchmarks/REPORT.md``), then copies each record with ``pread``. Nothing is mapped, so reading files many times
-the size of memory never shows as this process's memory, and a file truncated behind the store's back gives a short
-read, never a SIGBUS.
+a time as page faults of a memory map would be (3x faster per batch of cold records on this machine's disk:
+``benchmarks/bench_disk_reads.py``), then copies each record with ``pread``. Nothing is mapped, so reading files
+many times the size of memory never shows as this process's memory, and a file truncated behind the store's back
+gives a short read, never a SIGBUS.
 
 Untrusted input: the file's name is made here from its number (a plain name inside the store's own folder, opened
 without following symlinks, never an existing file); a read that comes back short or fails is a
