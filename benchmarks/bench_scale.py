@@ -39,6 +39,7 @@ import datetime
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -327,6 +328,44 @@ def read_rows(dmp: Any, ids: torch.Tensor) -> torch.Tensor:
         dmp.train()
 
 
+def full_disk(dmp: Any, dense: Any, directory: str, probe: torch.Tensor, rows: int, batch: int) -> Dict[str, Any]:
+    """A disk that fills up mid-run: training batches of IDs outside ``probe`` until a write fails, then checks that
+    the batch failed with a StorageError, that every probed row reads the same, and that training goes on once
+    there is room again. A file-size limit (``RLIMIT_FSIZE`` at the size of the segment file being appended, with
+    ``SIGXFSZ`` ignored) stands in for the full disk: the segment write fails the same way (``EFBIG`` where a full
+    disk gives ``ENOSPC``), without filling this machine's disk."""
+    before = read_rows(dmp, probe)
+    outside = torch.ones(rows, dtype=torch.bool)
+    outside[probe] = False
+    pool = outside.nonzero().squeeze(1)
+    generator = torch.Generator().manual_seed(4)
+
+    def batch_of_ids() -> Tuple[KeyedJaggedTensor, torch.Tensor]:
+        ids = pool[torch.randint(0, pool.numel(), (batch,), generator=generator)]
+        return (KeyedJaggedTensor.from_lengths_sync(keys=["item"], values=ids,
+                                                    lengths=torch.ones(batch, dtype=torch.int32)), torch.rand(batch))
+
+    files = [f for f in Path(directory).rglob("*.rows") if f.is_file()]
+    active = max(files, key=lambda f: f.stat().st_mtime_ns)
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (active.stat().st_size, limits[1]))
+    error, steps = None, 0
+    try:
+        while error is None and steps < 200:
+            try:
+                step(dmp, dense, batch_of_ids())
+                steps += 1
+            except StorageError as failure:
+                error = str(failure)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    kept = torch.equal(read_rows(dmp, probe), before)
+    step(dmp, dense, batch_of_ids())  # raises if the kernel cannot go on
+    return {"full_disk_steps": steps, "full_disk_error": error, "full_disk_rows_kept": kept}
+
+
 def damage_segments(directory: str, places: int = 16) -> int:
     """Overwrite 64 bytes at ``places`` random offsets in the first half of every segment file under
     ``directory`` (as a failing disk would); returns the files damaged."""
@@ -363,9 +402,10 @@ def checkpoints(args: argparse.Namespace, work: str) -> Dict[str, Any]:
     saver.save(dmp, path, incremental=True)
     incremental_s = time.perf_counter() - start
     incremental_bytes = tree_bytes(path) - full_bytes
-    # A failing disk after that save: the next save must fail naming the damaged file, and the last complete
-    # save must still restore every row bit for bit.
     probe = torch.randperm(rows, generator=torch.Generator().manual_seed(2))[:65536]
+    filled_up = full_disk(dmp, dense, os.path.join(work, "ckpt-table"), probe, rows, per_batch)
+    # A failing disk after that save: the next save must fail naming the damaged file, and the last complete
+    # save must still restore every row bit for bit (the full-disk check trained no probed row).
     expected = read_rows(dmp, probe)
     damaged_files = damage_segments(os.path.join(work, "ckpt-table"))
     try:
@@ -390,7 +430,7 @@ def checkpoints(args: argparse.Namespace, work: str) -> Dict[str, Any]:
            "restore_s": restore_s, "restore_GBps": (full_bytes + incremental_bytes) / restore_s / 1e9,
            "restored_tier_rows": {k: tiers[k] for k in ("cache_rows", "host_rows", "disk_rows")},
            "damaged_files": damaged_files, "damage_error": damage_error, "probe_rows": probe.numel(),
-           "restored_equal": restored_equal}
+           "restored_equal": restored_equal, **filled_up}
     print(json.dumps(out), flush=True)
     return out
 
@@ -454,10 +494,22 @@ def section(args: argparse.Namespace, r: Dict[str, Any]) -> str:
         f"{ck['incremental_s']:.1f} s = {ck['incremental_GBps']:.2f} GB/s; restoring both into a fresh model "
         f"took {ck['restore_s']:.0f} s = {ck['restore_GBps']:.2f} GB/s read.",
         "",
+        full_disk_sentence(ck),
+        "",
         damage_sentence(ck),
         "",
     ]
     return "\n".join(lines)
+
+
+def full_disk_sentence(ck: Dict[str, Any]) -> str:
+    failed = (f"failed after {ck['full_disk_steps']} steps: `StorageError: {ck['full_disk_error'][:300]}`"
+              if ck["full_disk_error"] else f"did NOT fail in {ck['full_disk_steps']} steps")
+    kept = "the same, bit for bit" if ck["full_disk_rows_kept"] else "DIFFERENTLY"
+    return (f"Full disk mid-run (a file-size limit at the appended segment's size stands in for it: the same failed "
+            f"segment write, EFBIG instead of ENOSPC): training the sub-table on IDs outside the "
+            f"{ck['probe_rows']:,} probed rows {failed}; the probed rows then read {kept}, and training went on "
+            f"once the limit was lifted.")
 
 
 def damage_sentence(ck: Dict[str, Any]) -> str:

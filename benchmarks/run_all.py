@@ -317,8 +317,8 @@ def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, loa
     return "\n".join(lines) + "\n"
 
 
-# sections that benchmarks run on their own write (bench_scale.py, bench_key_index.py): kept across runs
-STANDALONE = ("## Scale:", "## Key index:")
+# sections of benchmarks run on their own (bench_scale.py, bench_key_index.py, bench_disk_reads.py): kept across runs
+STANDALONE = ("## Scale:", "## Key index:", "## Disk reads:")
 
 
 def standalone_sections(path: str) -> str:
