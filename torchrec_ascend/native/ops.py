@@ -20,6 +20,10 @@ stride]``, int32 (the bits of a uint32 ``slot + 1``) for ``key_index_*`` and int
 ``live`` and ``used`` int64 ``[partitions]``. They never copy more than one partition. Their bucket layout is no
 contract (checkpoints hold keys and rows, never buckets), so their oracle is not a reference op but a dict model of
 the map they keep (``tests/kernels/key_value/test_key_index*.py``).
+
+``read_records`` gathers fixed-size records by offset from open file descriptors for the KEY_VALUE disk tier
+(:func:`torchrec_ascend.kernels.key_value.segment_file.read_records` is its caller); its oracle is the files' bytes
+(``tests/kernels/key_value/test_read_records.py``).
 """
 
 from __future__ import annotations
