@@ -517,10 +517,10 @@ def damage_sentence(ck: Dict[str, Any]) -> str:
     if not ck["damaged_files"]:
         return "Damaged disk: NOT exercised (the sub-table had no segment files: raise --ckpt-rows)."
     failed = f"failed: `StorageError: {ck['damage_error'][:300]}`" if ck["damage_error"] else "did NOT fail"
-    return (f"Damaged disk: after the incremental save, 64-byte pieces of all {ck['damaged_files']} segment files of the live "
-            f"table were overwritten. The next save {failed}; the last complete save restored {ck['probe_rows']:,} "
-            f"probed rows {'bit for bit' if ck['restored_equal'] else 'WRONGLY'} (eval-mode lookups before the "
-            f"damage vs after the restore).")
+    return (f"Damaged disk: after the incremental save, 64-byte pieces of all {ck['damaged_files']} segment files "
+            f"of the live table were overwritten. The next save {failed}; the last complete save restored "
+            f"{ck['probe_rows']:,} probed rows {'bit for bit' if ck['restored_equal'] else 'WRONGLY'} (eval-mode "
+            f"lookups before the damage vs after the restore).")
 
 
 def write_report(text: str, path: Path) -> None:

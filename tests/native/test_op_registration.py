@@ -81,12 +81,16 @@ def fingerprint_state():
     return state
 
 
-RECORDS = tempfile.TemporaryFile()  # open for the whole session: the read_records case reads it by descriptor
-RECORDS.write(bytes(range(256)))
-RECORDS.flush()
+@pytest.fixture(scope="module")
+def records_fd():
+    """A descriptor of a 256-byte file, for the read_records case."""
+    with tempfile.TemporaryFile() as f:
+        f.write(bytes(range(256)))
+        f.flush()
+        yield f.fileno()
 
 
-def opcheck_cases():
+def opcheck_cases(records_fd):
     ids = torch.tensor([20, 5, 20, 7, 30])
     lengths = torch.tensor([2, 0, 3], dtype=torch.int32)
     (buckets, sizes, live, used), key_column = key_index_state()
@@ -105,7 +109,7 @@ def opcheck_cases():
         "id_map_remove": (*filled_state(), ids),
         "id_map_export": (filled_state()[0], filled_state()[2]),
         "id_map_rebuild": (*filled_state(), torch.tensor([8, 9]), torch.tensor([3, 1])),
-        "read_records": (torch.tensor([RECORDS.fileno()] * 3), torch.tensor([7, 0, 7]), 16,
+        "read_records": (torch.tensor([records_fd] * 3), torch.tensor([7, 0, 7]), 16,
                          torch.empty(3, 2, dtype=torch.int64)),
         "hash_unique": (ids,),
         "hash_rank": (ids, 3),
@@ -115,9 +119,9 @@ def opcheck_cases():
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
-def test_opcheck(name):
+def test_opcheck(name, records_fd):
     """Schema mutation annotations, autograd registration, fake kernel vs real kernel, AOT dispatch."""
-    torch.library.opcheck(getattr(torch.ops.torchrec_ascend, name).default, opcheck_cases()[name])
+    torch.library.opcheck(getattr(torch.ops.torchrec_ascend, name).default, opcheck_cases(records_fd)[name])
 
 
 def meta(*shape, dtype=torch.int64):
