@@ -22,7 +22,8 @@ class PluginError(TorchRecAscendError, RuntimeError):
 
 
 class CapacityError(TorchRecAscendError, RuntimeError):
-    """A hash table is full and its overflow rule is ``"error"``."""
+    """A hash table is full and its overflow rule is ``"error"``, a batch does not fit a cache, or a checkpoint shard
+    does not fit host memory."""
 
 
 class StorageError(TorchRecAscendError, OSError):

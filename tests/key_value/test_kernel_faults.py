@@ -1,5 +1,5 @@
 """KEY_VALUE kernel faults and bad input, in one process (a 1-rank gloo group): unwritable or full disk, corrupted
-segment files, metrics, and planning key_value on CPU."""
+segment files, a checkpoint too large for host memory, metrics, and planning key_value on CPU."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
-from torchrec_ascend.errors import StorageError
+from torchrec_ascend import HashEmbeddingBagConfig, Saver, get_default_hybrid_sharders
+from torchrec_ascend.checkpoint import restore
+from torchrec_ascend.errors import CapacityError, StorageError
 from torchrec_ascend.kernels.key_value import cache_metrics
 from torchrec_ascend.kernels.walk import sharded_kernels
 
@@ -98,6 +99,27 @@ def test_corrupted_segment_file_is_named(tmp_path) -> None:
     with pytest.raises(StorageError, match=os.path.basename(segments[0])):
         for start in range(0, 120, 10):
             train(dmp, list(range(start, start + 10)))
+
+
+def test_a_load_larger_than_the_available_memory_is_refused_before_anything_changes(tmp_path, monkeypatch) -> None:
+    dmp = model(str(tmp_path / "disk"))
+    for start in range(0, 120, 10):  # rows in every tier
+        train(dmp, list(range(start, start + 10)))
+    Saver().save(dmp, str(tmp_path / "ckpt"))
+    saved = rows(dmp)
+    for start in range(0, 120, 10):  # the model moves on: a load must bring back `saved`
+        train(dmp, list(range(start, start + 10)))
+    trained = rows(dmp)
+    assert any(not torch.equal(trained[k], saved[k]) for k in saved)
+    monkeypatch.setattr(restore, "available_memory", lambda: 4096)  # the saved records are ~10 KB
+    with pytest.raises(CapacityError, match=r"table 'user'.*needs at least .* GB of host memory.*more ranks"):
+        Saver().load(dmp, str(tmp_path / "ckpt"))
+    after = rows(dmp)
+    assert after.keys() == trained.keys() and all(torch.equal(after[k], trained[k]) for k in trained)
+    monkeypatch.undo()
+    Saver().load(dmp, str(tmp_path / "ckpt"))
+    loaded = rows(dmp)
+    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
 
 
 def test_metrics_report_every_tier(tmp_path) -> None:

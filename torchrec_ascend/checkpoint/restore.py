@@ -33,6 +33,7 @@ import torch
 
 from torchrec_ascend.checkpoint.layout import ShardLayout
 from torchrec_ascend.checkpoint.records import assemble
+from torchrec_ascend.checkpoint.schema import RECORD_FIELDS
 from torchrec_ascend.checkpoint.shard_files import read_chain_records, read_shard_state
 from torchrec_ascend.errors import CapacityError, ConfigError, StorageError
 from torchrec_ascend.hash.slot_table import SlotTable
@@ -75,7 +76,8 @@ def read_restores(shards: List[LocalShard], chain: Chain, strict: bool) -> List[
         ConfigError: a table is missing (``strict``), or saved with another dimension, key kind or optimizer.
         StorageError: a checkpoint file is missing, truncated or corrupted, or the saved shards are inconsistent
             (the message names the files).
-        CapacityError: a shard cannot hold the IDs it owns.
+        CapacityError: a shard cannot hold the IDs it owns, or its saved records (saved layout) are more than the
+            host memory available: the load holds a shard's records in memory while it checks them.
     """
     directory, final = chain[-1]
     saved: Dict[str, List[Tuple[ShardLayout, Dict[str, Any]]]] = {}
@@ -98,6 +100,7 @@ def read_restores(shards: List[LocalShard], chain: Chain, strict: bool) -> List[
         exact = next((entry for source, entry in sources if source == layout), None)
         if exact is not None:
             entries = _entries_of(chain, layout)
+            _check_memory(layout, entries, directory)
             records = read_chain_records(entries)
             state = read_shard_state(directory, exact)
         else:
@@ -189,6 +192,33 @@ def _resharded(
                     totals[name] = totals.get(name, 0) + int(value)
             state[key] = totals
     return ShardRows(records.ids, slots, last_used, records.rows), state
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of host memory available to a new allocation (``MemAvailable``), or None where the system does not
+    say (no ``/proc/meminfo``)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _check_memory(layout: ShardLayout, entries: List[Tuple[str, Dict[str, Any]]], directory: str) -> None:
+    """Refuse, before reading it, a shard whose saved records (every save of its chain, sizes from the checked
+    metadata) exceed the host memory available: the load would be killed for memory instead of failing cleanly."""
+    need = sum(int(block[f]["nbytes"]) for _, entry in entries for block in entry["blocks"] for f in RECORD_FIELDS)
+    available = available_memory()
+    if available is not None and need > available:
+        raise CapacityError(
+            f"table {layout.table!r}: loading its shard from '{directory}' needs at least {need / 1e9:.2f} GB of host "
+            f"memory for its saved records, and this host has {available / 1e9:.2f} GB available. A load holds a "
+            "shard's records in host memory while it checks them (KEY_VALUE rows on disk included); load on more "
+            "ranks, so that each shard is smaller, or on a host with more memory"
+        )
 
 
 def _entries_of(chain: Chain, layout: ShardLayout) -> List[Tuple[str, Dict[str, Any]]]:

@@ -122,7 +122,7 @@ class SegmentFile:
         return min(self.count, self.size_on_disk() // self.record_bytes)
 
     def read_range(self, start: int, stop: int) -> np.ndarray:
-        """Records ``[start, stop)`` read sequentially (``os.pread``, not the map): uint64 ``[stop - start, words]``.
+        """Records ``[start, stop)`` read sequentially (``os.preadv``): uint64 ``[stop - start, words]``.
 
         Raises:
             StorageError: the range is not within the records written, or the file is shorter (truncated).
