@@ -1,10 +1,12 @@
-"""Checkpoint records: increments applied like dict updates, shard ownership a partition of the IDs, and column
+"""Checkpoint records: a chain of saves read back like dict updates, shard ownership a partition of the IDs, and column
 shards joined or cut like slices of the full rows. Oracles: a dict model, the reference hash_rank, slicing."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
+import os
+import tempfile
+from typing import Any, Dict, List
 
 import pytest
 import torch
@@ -12,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchrec_ascend.checkpoint.layout import ShardLayout
-from torchrec_ascend.checkpoint.records import apply_increment, assemble
+from torchrec_ascend.checkpoint.files import ArrayFileWriter
+from torchrec_ascend.checkpoint.records import assemble, select
+from torchrec_ascend.checkpoint.shard_files import read_chain, write_shard
 from torchrec_ascend.errors import StorageError
 from torchrec_ascend.kernels.fused import ShardRows
 from torchrec_ascend.native import reference
@@ -34,17 +38,51 @@ def as_dict(r: ShardRows) -> Dict[int, List[float]]:
     return {i: row.tolist() for i, row in zip(r.ids.tolist(), r.rows)}
 
 
-@settings(deadline=None)
-@given(IDS, IDS, IDS)
-def test_increment_is_a_dict_update(base_ids: List[int], changed_ids: List[int], removed_ids: List[int]) -> None:
-    removed_ids = [i for i in removed_ids if i not in changed_ids]  # a save never both changes and drops an ID
-    base, changed = records(base_ids, 3, 0.0), records(changed_ids, 3, 1000.0)
-    expected = as_dict(base)
-    for i in removed_ids:
-        expected.pop(i, None)
-    expected.update(as_dict(changed))
-    merged = apply_increment(base, changed, torch.tensor(removed_ids, dtype=torch.int64))
-    assert as_dict(merged) == expected and merged.ids.numel() == len(expected)
+def saved_chain(directory: str, saves: List[tuple]) -> List[tuple]:
+    """Write ``(records, removed IDs)`` saves as a chain of checkpoint data files; returns ``(folder, entry)``s."""
+    chain = []
+    for k, (saved, removed) in enumerate(saves):
+        folder = os.path.join(directory, f"save-{k}")
+        os.makedirs(folder)
+        with ArrayFileWriter(os.path.join(folder, "rank-0.data")) as writer:
+            blocks = [select(saved, slice(start, start + 5)) for start in range(0, saved.ids.numel(), 5)]
+            entry = write_shard(writer, BASE, blocks, torch.tensor(removed, dtype=torch.int64), {})
+            writer.commit()
+        chain.append((folder, entry))
+    return chain
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.lists(st.tuples(IDS, IDS), min_size=1, max_size=4), st.randoms(use_true_random=False))
+def test_a_chain_of_saves_reads_back_as_dict_updates(saves: List[tuple], rng: Any) -> None:
+    # Oracle: a dict updated by each save (changed IDs win, removed IDs go). Records without a pool slot (-1)
+    # are read again from the files by lower_rows; both parts together must be the dict.
+    expected: Dict[int, tuple] = {}
+    written = []
+    for k, (ids, removed) in enumerate(saves):
+        removed = [i for i in removed if i not in ids] if k else []  # a save never both changes and drops an ID
+        saved = records(ids, BASE.width, 1000.0 * k)
+        saved.slots = torch.tensor([rng.choice([-1, s]) for s in range(len(ids))], dtype=torch.int64)
+        for i in removed:
+            expected.pop(i, None)
+        expected.update({i: (s, row) for i, s, row in zip(ids, saved.slots.tolist(), saved.rows.tolist())})
+        written.append((saved, removed))
+    with tempfile.TemporaryDirectory() as directory:
+        chain = saved_chain(directory, written)
+        read = read_chain(chain)
+        lower = {i: (-1, row) for ids, rows in read.lower_rows() for i, row in zip(ids.tolist(), rows.tolist())}
+        pooled = {i: (s, row) for i, s, row in zip(read.pooled.ids.tolist(), read.pooled.slots.tolist(),
+                                                   read.pooled.rows.tolist())}
+        assert {**pooled, **lower} == expected
+        assert len(pooled) + len(lower) == len(expected) and read.lower_count == len(lower)
+        assert read.id_range == ((min(expected), max(expected)) if expected else (0, -1))
+
+
+def test_a_save_holding_an_id_twice_is_refused() -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        chain = saved_chain(directory, [(records([5, 6, 7, 8, 9, 5], BASE.width, 0.0), [])])
+        with pytest.raises(StorageError, match="holds an ID in two records of one save"):
+            read_chain(chain)
 
 
 @settings(deadline=None)

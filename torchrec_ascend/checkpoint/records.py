@@ -1,8 +1,9 @@
-"""A table shard's checkpoint records (:class:`ShardRows`): joining blocks, applying increments, resharding.
+"""A table shard's checkpoint records (:class:`ShardRows`): joining blocks, the records a load restores, resharding.
 
 Records are whole batches of IDs; every operation here is a handful of tensor ops (no per-ID Python).
 
-* :func:`apply_increment`: base records updated by an incremental save (changed records win, removed IDs go).
+* :class:`ShardRecords`: what a load restores into one shard: the records with a pool slot, held, and the others
+  (a KEY_VALUE shard's host and disk rows, possibly more than the host's memory) as chunks read on demand.
 * :func:`assemble`: the records of a shard of any layout from saved shards of another: the IDs it owns, its
   columns cut from (or joined across) the saved column shards, optimizer states carried along: element-wise
   states are cut like the weights; row-wise states (one value per row, e.g. row-wise Adagrad) of several saved
@@ -10,14 +11,14 @@ Records are whole batches of IDs; every operation here is a handful of tensor op
 
 Example::
 
-    merged = apply_increment(base, changed, removed_ids)
     mine = assemble(target_layout, [(saved_layout, saved_records), ...])
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Dict, List, Sequence, Tuple, cast
+from typing import Callable, Dict, Iterator, List, Sequence, Tuple, cast
 
 import torch
 
@@ -68,20 +69,38 @@ def select(records: ShardRows, index: torch.Tensor) -> ShardRows:
     return ShardRows(records.ids[index], records.slots[index], records.last_used[index], records.rows[index])
 
 
-def apply_increment(base: ShardRows, changed: ShardRows, removed: torch.Tensor) -> ShardRows:
-    """``base`` after an incremental save: records of ``changed`` IDs replaced, ``removed`` IDs dropped.
+@dataclasses.dataclass
+class ShardRecords:
+    """The records a load restores into one table shard.
 
-    Args:
-        base: the records so far.
-        changed: the increment's records (they win over ``base``).
-        removed: int64 IDs the increment drops.
+    Attributes:
+        pooled: the records with a pool slot (``slots >= 0``), held in memory.
+        lower_count: how many records have none (they go to the tiers below the pool).
+        id_range: the least and greatest ID of every record (``(0, -1)`` when there are none).
+        width: elements of a packed row.
+        lower_rows: a fresh iterator over the ``(IDs, rows)`` of the records without a pool slot, in chunks (a
+            checkpoint's reads them from its files again, block by block).
 
     Example::
 
-        merged = apply_increment(base, changed, torch.tensor([42]))
+        records = ShardRecords.held(rows)          # records already in memory
+        sum(ids.numel() for ids, _ in records.lower_rows()) == records.lower_count
     """
-    drop = torch.isin(base.ids, torch.cat([removed, changed.ids]))
-    return concat([select(base, ~drop), changed], base.rows.shape[1])
+
+    pooled: ShardRows
+    lower_count: int
+    id_range: Tuple[int, int]
+    width: int
+    lower_rows: Callable[[], Iterator[Tuple[torch.Tensor, torch.Tensor]]]
+
+    @staticmethod
+    def held(records: ShardRows) -> "ShardRecords":
+        """``records`` (all in memory) split by their slots."""
+        lower = records.slots < 0
+        ids, rows = records.ids[lower], records.rows[lower]
+        id_range = (int(records.ids.min()), int(records.ids.max())) if records.ids.numel() else (0, -1)
+        return ShardRecords(select(records, ~lower), ids.numel(), id_range, records.rows.shape[1],
+                            lambda: iter([(ids, rows)]))
 
 
 def assemble(target: ShardLayout, sources: Sequence[Tuple[ShardLayout, ShardRows]]) -> ShardRows:

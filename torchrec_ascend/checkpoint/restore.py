@@ -5,11 +5,13 @@ For each table shard of the model on this rank:
 * **same layout** (a saved shard with an identical :class:`ShardLayout`: place, capacity, kernel, optimizer
   states, policies): the saved records and state are restored as they were: IDs at their slots, KEY_VALUE rows in
   the cache or below it as saved, the ID map's free slots, policy state, step, counters. Training continues
-  bit for bit.
+  bit for bit. The rows below the pool are streamed: checked block by block as they are read, then read again
+  as they are restored, so a KEY_VALUE shard may be larger than the host's memory.
 * **any other layout** (another world size, sharding type, column split, capacity, kernel or policy): the shard
   takes the IDs it owns from every saved shard of the table, its columns from the saved column shards, weights and
   optimizer state together (:func:`~torchrec_ascend.checkpoint.records.assemble`). FUSED shards hold them in their
-  pool (sorted by ID), KEY_VALUE shards in their host store (the cache fills on demand). Lookups and optimizer
+  pool (sorted by ID), KEY_VALUE shards in their host store (the cache fills on demand); a resharded shard's
+  records are held in memory while they are assembled. Lookups and optimizer
   updates are unchanged; policies start over (every ID counts as inserted at the saved step, admission state
   empty) and the table's counters move to its first row block.
 
@@ -27,14 +29,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
 from torchrec_ascend.checkpoint.layout import ShardLayout
-from torchrec_ascend.checkpoint.records import assemble
+from torchrec_ascend.checkpoint.records import ShardRecords, assemble
 from torchrec_ascend.checkpoint.schema import RECORD_FIELDS
-from torchrec_ascend.checkpoint.shard_files import read_chain_records, read_shard_state
+from torchrec_ascend.checkpoint.shard_files import read_chain, read_chain_records, read_shard_state
 from torchrec_ascend.errors import CapacityError, ConfigError, StorageError
 from torchrec_ascend.hash.slot_table import SlotTable
 from torchrec_ascend.kernels.fused import HashRows, ShardRows
@@ -50,12 +52,13 @@ class Restore:
     """What one local shard becomes: its records (slot table keys) and state, read and checked, not yet applied.
 
     Attributes:
-        records: the shard's records (``None``: the table is not in the checkpoint and keeps its state).
+        records: the shard's records (``None``: the table is not in the checkpoint and keeps its state); the rows
+            without a pool slot of an exact load are read from the checkpoint again as they are restored.
         state: as :meth:`HashRows.restore_shard` takes it.
         exact: restored with the saved layout (else resharded).
     """
 
-    records: Optional[ShardRows]
+    records: Optional[ShardRecords]
     state: Dict[str, Any]
     exact: bool
 
@@ -76,8 +79,9 @@ def read_restores(shards: List[LocalShard], chain: Chain, strict: bool) -> List[
         ConfigError: a table is missing (``strict``), or saved with another dimension, key kind or optimizer.
         StorageError: a checkpoint file is missing, truncated or corrupted, or the saved shards are inconsistent
             (the message names the files).
-        CapacityError: a shard cannot hold the IDs it owns, or its saved records (saved layout) are more than the
-            host memory available: the load holds a shard's records in memory while it checks them.
+        CapacityError: a shard cannot hold the IDs it owns, or loading it (saved layout) would need more host
+            memory than is available (see :func:`_check_memory`; a KEY_VALUE shard's rows below the pool are
+            read again from the files as they are restored, so the shard itself may be larger than memory).
     """
     directory, final = chain[-1]
     saved: Dict[str, List[Tuple[ShardLayout, Dict[str, Any]]]] = {}
@@ -101,13 +105,12 @@ def read_restores(shards: List[LocalShard], chain: Chain, strict: bool) -> List[
         if exact is not None:
             entries = _entries_of(chain, layout)
             _check_memory(layout, entries, directory)
-            records = read_chain_records(entries)
+            records = read_chain(entries)
             state = read_shard_state(directory, exact)
         else:
             entries = [e for source, _ in sources for e in _entries_of(chain, source)]
             records, state = _resharded(layout, sources, chain)
-        dtype = kernel.pack_rows(t, torch.empty(0, dtype=torch.int64)).dtype  # the rows as the kernel holds them
-        records = ShardRows(layout.to_local(records.ids), records.slots, records.last_used, records.rows.to(dtype))
+        records = _as_kernel_holds(kernel, t, layout, records)
         _trial_restore(kernel, t, layout, records, state, sorted({os.path.join(d, e["file"]) for d, e in entries}))
         restores.append(Restore(records, state, exact is not None))
     return restores
@@ -117,13 +120,20 @@ def apply_restores(shards: List[LocalShard], restores: List[Restore]) -> List[bo
     """Restore every shard as :func:`read_restores` prepared it; returns the shards restored exactly.
 
     Raises:
-        StorageError: a KEY_VALUE lower tier cannot take the rows (a disk failure).
+        StorageError: a KEY_VALUE lower tier cannot take the rows (a disk failure), or the checkpoint's files
+            changed since :func:`read_restores` checked them; the table is then partially loaded.
     """
     iterations: Dict[int, int] = {}
-    for (kernel, t, _), restore in zip(shards, restores):
+    for (kernel, t, layout), restore in zip(shards, restores):
         if restore.records is None:
             continue
-        kernel.restore_shard(t, restore.records, restore.state)
+        records = restore.records
+        try:
+            kernel.restore_shard(t, records.pooled, records.lower_rows(), restore.state)
+        except StorageError as error:
+            raise StorageError(
+                f"{error}. Table {layout.table!r} is now partially loaded: load a checkpoint again before training"
+            ) from error
         iterations[id(kernel)] = max(iterations.get(id(kernel), 0), int(restore.state.get("iteration", 0)))
     for kernel, _, _ in shards:
         if id(kernel) in iterations:
@@ -131,29 +141,41 @@ def apply_restores(shards: List[LocalShard], restores: List[Restore]) -> List[bo
     return [restore.exact for restore in restores]
 
 
+def _as_kernel_holds(kernel: HashRows, t: int, layout: ShardLayout, records: ShardRecords) -> ShardRecords:
+    """``records`` keyed as the slot table keys them, rows in the kernel's dtype (the lower rows as they are read)."""
+    dtype = kernel.pack_rows(t, torch.empty(0, dtype=torch.int64)).dtype
+    pooled = records.pooled
+    low, high = layout.to_local(torch.tensor(records.id_range)).tolist()
+
+    def lower_rows() -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        return ((layout.to_local(ids), rows.to(dtype)) for ids, rows in records.lower_rows())
+
+    local = ShardRows(layout.to_local(pooled.ids), pooled.slots, pooled.last_used, pooled.rows.to(dtype))
+    return ShardRecords(local, records.lower_count, (low, high), records.width, lower_rows)
+
+
 def _trial_restore(
-    kernel: HashRows, t: int, layout: ShardLayout, records: ShardRows, state: Dict[str, Any], files: List[str]
+    kernel: HashRows, t: int, layout: ShardLayout, records: ShardRecords, state: Dict[str, Any], files: List[str]
 ) -> None:
     """Check that ``kernel`` takes ``records`` and ``state`` without touching it: the row width, the keys, and
-    a restore into a fresh slot table of the same options (IDs, slots, free slots, policy state)."""
+    a restore of the pooled records into a fresh slot table of the same options (IDs, slots, free slots, policy
+    state). The records' IDs are distinct already (:func:`read_chain`, :func:`_resharded`)."""
     where = f"table {layout.table!r}: the checkpoint files {files}"
-    keys = records.ids
+    low, high = records.id_range
     problem = None
-    if records.rows.shape[1:] != (kernel.row_width(t),):
-        problem = f"hold rows of {records.rows.shape[1]} elements, the shard's are {kernel.row_width(t)}"
-    elif keys.numel() and (int(keys.min()) < 0 or (not layout.hash_ids and int(keys.max()) >= layout.rows)):
+    if records.width != kernel.row_width(t):
+        problem = f"hold rows of {records.width} elements, the shard's are {kernel.row_width(t)}"
+    elif low <= high and (low < 0 or (not layout.hash_ids and high >= layout.rows)):
         problem = "hold IDs outside the shard's range (negative IDs, or rows beyond a plain shard)"
-    elif torch.unique(keys).numel() != keys.numel():
-        problem = "hold an ID twice"
-    elif not kernel.shard_info(t).lower_tiers and bool((records.slots < 0).any()):
+    elif not kernel.shard_info(t).lower_tiers and records.lower_count:
         problem = "hold rows without a pool slot, but a FUSED table keeps every row in its pool"
     if problem is not None:
         raise StorageError(f"{where} {problem}; the checkpoint is corrupted")
     table = kernel.slot_table(t)
-    pooled = records.slots >= 0
+    pooled = records.pooled
     try:
         trial = SlotTable(table.table, table.spec, table.capacity + 1, table.overflow)
-        trial.restore(keys[pooled], records.slots[pooled], records.last_used[pooled], state)
+        trial.restore(pooled.ids, pooled.slots, pooled.last_used, state)
     except CapacityError:
         raise
     except ConfigError as error:
@@ -166,14 +188,22 @@ def _trial_restore(
 
 def _resharded(
     layout: ShardLayout, sources: List[Tuple[ShardLayout, Dict[str, Any]]], chain: Chain
-) -> Tuple[ShardRows, Dict[str, Any]]:
-    """The records and state of a shard whose layout no saved shard has."""
+) -> Tuple[ShardRecords, Dict[str, Any]]:
+    """The records and state of a shard whose layout no saved shard has (held in memory).
+
+    Raises:
+        StorageError: the saved shards hold an ID twice (overlapping row blocks), or as :func:`assemble`.
+    """
     overlapping = [
         (s, e) for s, e in sources if min(s.col0 + s.cols, layout.col0 + layout.cols) > max(s.col0, layout.col0)
     ]
     pieces = [(source, read_chain_records(_entries_of(chain, source), keep=layout.owns)) for source, _ in overlapping]
     records = assemble(layout, pieces)
     n = records.ids.numel()
+    if n and bool((records.ids[1:] == records.ids[:-1]).any()):  # assemble sorts by ID
+        files = sorted({os.path.join(d, e["file"]) for s, _ in overlapping for d, e in _entries_of(chain, s)})
+        raise StorageError(f"table {layout.table!r}: the checkpoint files {files} hold an ID twice; the checkpoint "
+                           "is corrupted")
     slots = torch.full((n,), -1, dtype=torch.int64) if layout.key_value else torch.arange(n, dtype=torch.int64)
     last_used = torch.zeros(n, dtype=torch.int64) if layout.key_value else records.last_used
     states = [entry["state"] for _, entry in sources]
@@ -191,7 +221,7 @@ def _resharded(
                 for name, value in saved_state.get(key, {}).items():
                     totals[name] = totals.get(name, 0) + int(value)
             state[key] = totals
-    return ShardRows(records.ids, slots, last_used, records.rows), state
+    return ShardRecords.held(ShardRows(records.ids, slots, last_used, records.rows)), state
 
 
 def available_memory() -> Optional[int]:
@@ -207,17 +237,24 @@ def available_memory() -> Optional[int]:
     return None
 
 
+LOAD_BYTES_PER_RECORD = 33  # a save's IDs read and joined (16), which records survive (1), a disk bulk load's (16)
+
+
 def _check_memory(layout: ShardLayout, entries: List[Tuple[str, Dict[str, Any]]], directory: str) -> None:
-    """Refuse, before reading it, a shard whose saved records (every save of its chain, sizes from the checked
-    metadata) exceed the host memory available: the load would be killed for memory instead of failing cleanly."""
-    need = sum(int(block[f]["nbytes"]) for _, entry in entries for block in entry["blocks"] for f in RECORD_FIELDS)
+    """Refuse, before reading it, a shard whose load would hold more than the host memory available (sizes from
+    the checked metadata): the load would be killed for memory instead of failing cleanly. A load holds
+    :data:`LOAD_BYTES_PER_RECORD` per saved record, the pooled records (each save's first block) and one block;
+    the rows below the pool are streamed."""
+    blocks = [[sum(int(block[f]["nbytes"]) for f in RECORD_FIELDS) for block in e["blocks"]] for _, e in entries]
+    records = sum(int(block["ids"]["shape"][0]) for _, e in entries for block in e["blocks"])
+    need = LOAD_BYTES_PER_RECORD * records + sum(b[0] for b in blocks if b) + max(max(b, default=0) for b in blocks)
     available = available_memory()
     if available is not None and need > available:
         raise CapacityError(
-            f"table {layout.table!r}: loading its shard from '{directory}' needs at least {need / 1e9:.2f} GB of host "
-            f"memory for its saved records, and this host has {available / 1e9:.2f} GB available. A load holds a "
-            "shard's records in host memory while it checks them (KEY_VALUE rows on disk included); load on more "
-            "ranks, so that each shard is smaller, or on a host with more memory"
+            f"table {layout.table!r}: loading its shard from '{directory}' needs about {need / 1e9:.2f} GB of host "
+            f"memory ({records} saved records: {LOAD_BYTES_PER_RECORD} bytes each, the pooled rows and one block of "
+            f"records), and this host has {available / 1e9:.2f} GB available; load on more ranks, so that each "
+            "shard is smaller, or on a host with more memory"
         )
 
 

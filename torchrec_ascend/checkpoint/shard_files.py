@@ -14,14 +14,14 @@ Example::
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from torchrec_ascend.checkpoint.files import ArrayFileWriter, confined, read_array
 from torchrec_ascend.checkpoint.layout import ShardLayout
-from torchrec_ascend.checkpoint.records import apply_increment, concat, empty, select
+from torchrec_ascend.checkpoint.records import ShardRecords, concat
 from torchrec_ascend.checkpoint.schema import RECORD_FIELDS
 from torchrec_ascend.errors import StorageError
 from torchrec_ascend.kernels.fused import ShardRows
@@ -95,10 +95,15 @@ def read_shard_state(directory: str, entry: Dict[str, Any]) -> Dict[str, Any]:
     return state
 
 
-def read_chain_records(
+def read_chain(
     chain: List[Tuple[str, Dict[str, Any]]], keep: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
-) -> ShardRows:
-    """A shard's records after a full save and its increments, keyed by global ID.
+) -> ShardRecords:
+    """Read and check a shard's records after a full save and its increments, keeping only the pooled rows.
+
+    Every array is read and checksummed. A record survives when no later save of the chain changes or removes
+    its ID. Memory: the pooled records, the IDs of the increments, 16 bytes per record of the largest save, 1 byte
+    per record of the chain and one block; the rows of the other records are read again, block by block, by
+    :attr:`ShardRecords.lower_rows` (which raises StorageError if the files changed since).
 
     Args:
         chain: ``(save directory, shard entry)`` from the full save to the latest increment, in order.
@@ -109,30 +114,70 @@ def read_chain_records(
 
     Example::
 
-        records = read_chain_records([(dir1, entry1), (dir2, entry2)], keep=new_layout.owns)
+        records = read_chain([(dir1, entry1), (dir2, entry2)])
+        records.pooled.ids.numel() + records.lower_count   # the shard's IDs
     """
     width = ShardLayout.from_json(chain[0][1]["layout"]).width
-    records = empty(width)
-    for directory, entry in chain:
-        blocks, all_ids = [], [torch.empty(0, dtype=torch.int64)]
-        for block in entry["blocks"]:
-            read = _read_block(directory, entry, block)
-            all_ids.append(read.ids)
-            blocks.append(select(read, keep(read.ids)) if keep is not None else read)  # others dropped as read
-        ids = torch.cat(all_ids)
-        if torch.unique(ids).numel() != ids.numel():
+    pooled: List[ShardRows] = []
+    lower_blocks: List[Tuple[str, Dict[str, Any], Dict[str, Any], torch.Tensor]] = []
+    later = torch.empty(0, dtype=torch.int64)  # IDs a later save changes or removes
+    low, high = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    for k in range(len(chain) - 1, -1, -1):
+        directory, entry = chain[k]
+        blocks = entry["blocks"]
+        save_pooled: List[ShardRows] = []
+        save_lower: List[Tuple[str, Dict[str, Any], Dict[str, Any], torch.Tensor]] = []
+        parts = [_read(directory, entry, block["ids"], "ids") for block in blocks]  # read (checked) before joined
+        bounds = np.cumsum([0] + [part.size for part in parts]).tolist()
+        ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+        del parts
+        for block, start, end in zip(blocks, bounds, bounds[1:]):
+            block_ids = torch.from_numpy(ids[start:end])
+            survives = ~torch.isin(block_ids, later)
+            if keep is not None:
+                survives &= keep(block_ids)
+            slots = torch.from_numpy(_read(directory, entry, block["slots"], "slots"))
+            last_used = torch.from_numpy(_read(directory, entry, block["last_used"], "last_used"))
+            rows = torch.from_numpy(_read(directory, entry, block["rows"], "rows"))  # checksummed even if not kept
+            here = survives & (slots >= 0)
+            save_pooled.append(ShardRows(block_ids[here], slots[here], last_used[here], rows[here]))
+            lower = survives & (slots < 0)
+            if bool(lower.any()):
+                save_lower.append((directory, entry, block, lower))
+            if bool(survives.any()):
+                low, high = min(low, int(block_ids[survives].min())), max(high, int(block_ids[survives].max()))
+        if k:
+            removed = _read(directory, entry, entry["arrays"]["removed"], "removed")
+            later = torch.unique(torch.cat([later, torch.from_numpy(ids), torch.from_numpy(removed)]))
+        ids.sort()  # in place: a save's IDs are checked distinct without a second copy
+        if bool((ids[1:] == ids[:-1]).any()):
             raise StorageError(
                 f"checkpoint file '{os.path.join(directory, entry['file'])}': table {entry['layout']['table']!r} "
                 "holds an ID in two records of one save; it is corrupted"
             )
-        changed = concat(blocks, width)
-        removed = torch.from_numpy(_read(directory, entry, entry["arrays"]["removed"], "removed"))
-        records = apply_increment(records, changed, removed)
-    return records
+        pooled[:0], lower_blocks[:0] = save_pooled, save_lower  # in save order
+
+    def lower_rows() -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        for directory, entry, block, lower in lower_blocks:
+            ids = torch.from_numpy(_read(directory, entry, block["ids"], "ids"))
+            yield ids[lower], torch.from_numpy(_read(directory, entry, block["rows"], "rows"))[lower]
+
+    lower_count = sum(int(lower.sum()) for _, _, _, lower in lower_blocks)
+    return ShardRecords(concat(pooled, width), lower_count, (low, high) if low <= high else (0, -1), width, lower_rows)
 
 
-def _read_block(directory: str, entry: Dict[str, Any], block: Dict[str, Any]) -> ShardRows:
-    return ShardRows(**{name: torch.from_numpy(_read(directory, entry, block[name], name)) for name in RECORD_FIELDS})
+def read_chain_records(
+    chain: List[Tuple[str, Dict[str, Any]]], keep: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+) -> ShardRows:
+    """Every record of :func:`read_chain` in memory (lower-tier rows with slot ``-1``, last use 0).
+
+    Example::
+
+        records = read_chain_records([(dir1, entry1), (dir2, entry2)], keep=new_layout.owns)
+    """
+    records = read_chain(chain, keep)
+    lower = [ShardRows(i, torch.full_like(i, -1), torch.zeros_like(i), rows) for i, rows in records.lower_rows()]
+    return concat([records.pooled, *lower], records.width)
 
 
 def _read(directory: str, entry: Dict[str, Any], array_entry: Dict[str, Any], what: str) -> np.ndarray:

@@ -19,7 +19,7 @@ IDs cross once each way, explicitly and batched, never per ID; on the CPU every 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
 import torch
 from torchrec.distributed.batched_embedding_kernel import (
@@ -169,9 +169,11 @@ class HashRows:
         """See :meth:`ShardCheckpoint.shard_state`."""
         return self.checkpoint.shard_state(t)
 
-    def restore_shard(self, t: int, records: ShardRows, state: Dict[str, Any]) -> None:
+    def restore_shard(
+        self, t: int, pooled: ShardRows, lower: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]
+    ) -> None:
         """See :meth:`ShardCheckpoint.restore_shard`."""
-        self.checkpoint.restore_shard(t, records, state)
+        self.checkpoint.restore_shard(t, pooled, lower, state)
 
 
 class HashFusedEmbeddingBag(HashRows, BatchedFusedEmbeddingBag):

@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, Optional, Protocol, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Protocol, Tuple
 
 import torch
 
@@ -51,9 +51,9 @@ class RowTier(Protocol):
     def checkpoint_state(self, t: int) -> Dict[str, Any]:
         """The tier's part of table ``t``'s checkpoint state (JSON values; merged into the shard's state)."""
 
-    def restore(self, t: int, keys: torch.Tensor, rows: torch.Tensor, state: Dict[str, Any]) -> None:
-        """Make the tiers below the pool hold exactly ``keys`` with packed ``rows``, and take the tier's part of the
-        shard's checkpoint ``state`` back."""
+    def restore(self, t: int, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]) -> None:
+        """Make the tiers below the pool hold exactly the ``(keys, packed rows)`` of ``chunks`` (distinct keys,
+        consumed once), and take the tier's part of the shard's checkpoint ``state`` back."""
 
 
 class PoolOnly:
@@ -90,9 +90,10 @@ class PoolOnly:
     def checkpoint_state(self, t: int) -> Dict[str, Any]:
         return {}
 
-    def restore(self, t: int, keys: torch.Tensor, rows: torch.Tensor, state: Dict[str, Any]) -> None:
-        if keys.numel():
+    def restore(self, t: int, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]) -> None:
+        rows = sum(keys.numel() for keys, _ in chunks)
+        if rows:
             raise ConfigError(
-                f"table {self._pool.names[t]!r}: {keys.numel()} rows to restore have no pool slot, but "
+                f"table {self._pool.names[t]!r}: {rows} rows to restore have no pool slot, but "
                 "a FUSED table keeps every row in its pool; restore them with pool slots"
             )

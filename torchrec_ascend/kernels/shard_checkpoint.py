@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Sequence, Tuple
 
 import torch
 
@@ -176,12 +176,16 @@ class ShardCheckpoint:
             **self._tier.checkpoint_state(t),
         }
 
-    def restore_shard(self, t: int, records: ShardRows, state: Dict[str, Any]) -> None:
-        """Make table ``t``'s shard hold exactly ``records``: pooled ones at their slots, the rest in lower tiers.
+    def restore_shard(
+        self, t: int, pooled: ShardRows, lower: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]
+    ) -> None:
+        """Make table ``t``'s shard hold exactly ``pooled`` at their slots and ``lower`` in the lower tiers.
 
         Args:
             t: the table's index within the kernel.
-            records: the shard's records (slots ``-1`` go to the lower tiers).
+            pooled: the records with a pool slot.
+            lower: ``(keys, packed rows)`` of the other records, distinct keys, in chunks (consumed once, so they
+                may be read from files as they go).
             state: as :meth:`shard_state` gives it (:meth:`SlotTable.restore` takes its part).
 
         Raises:
@@ -192,14 +196,12 @@ class ShardCheckpoint:
 
         Example::
 
-            records = ShardRows(ids, torch.arange(len(ids)), last_used, packed_rows)
-            checkpoint.restore_shard(0, records, {"step": 12})
+            pooled = ShardRows(ids, torch.arange(len(ids)), last_used, packed_rows)
+            checkpoint.restore_shard(0, pooled, [], {"step": 12})
         """
-        pooled = records.slots >= 0
-        slots = records.slots[pooled]
-        self._slot_tables[t].restore(records.ids[pooled], slots, records.last_used[pooled], state)
-        self._pool.unpack(t, slots, records.rows[pooled])
-        self._tier.restore(t, records.ids[~pooled], records.rows[~pooled], state)
+        self._slot_tables[t].restore(pooled.ids, pooled.slots, pooled.last_used, state)
+        self._pool.unpack(t, pooled.slots, pooled.rows)
+        self._tier.restore(t, lower, state)
 
 
 def _lower_tier_rows(keys: torch.Tensor, rows: torch.Tensor) -> ShardRows:

@@ -249,7 +249,7 @@ class DiskStore:
                     parts[p] = []
                     self._insert(np.full(entries_p.size, p, dtype=np.int64), entries_p)
         except BaseException:
-            self._reset()
+            self.clear()
             raise
         finally:
             del parts
@@ -259,8 +259,10 @@ class DiskStore:
         self._version += 1
         return len(self)
 
-    def _reset(self) -> None:
-        """Forget every row and delete every file (a failed bulk load)."""
+    def clear(self) -> None:
+        """Forget every row and delete every segment file; the store stays open (a file that cannot be deleted
+        is left behind, holding no row the store knows of)."""
+        self._check_open()
         for seg in list(self._segments.values()):
             self._drop_segment(seg)
             try:
@@ -270,7 +272,11 @@ class DiskStore:
         self._free_ids.clear()
         self._next_segment_id = 0
         self._active = None
+        self._to_compact.clear()
+        self._damaged.clear()
         self._table = OpenTable(np.uint64, PARTITIONS, MAX_BUCKETS)
+        trim_heap()
+        self._version += 1
 
     def contains(self, keys: torch.Tensor) -> torch.Tensor:
         """Bool ``[n]``: which keys the store holds (their records are read to verify the key).

@@ -18,7 +18,8 @@ partitions. Not counted: tensors of a call in flight
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, Optional, Tuple
+import itertools
+from typing import Dict, Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
@@ -236,6 +237,48 @@ class HostStore:
         if self.spill is not None:
             self.spill.remove(keys)
         self._version += 1
+
+    def clear(self) -> None:
+        """Forget every row of both tiers (the disk store's files are deleted; host memory stays reserved)."""
+        keys, _ = self._index.export()
+        self._stamp[self._index.remove(keys)] = FREE_STAMP
+        if self.spill is not None:
+            self.spill.clear()
+        self._version += 1
+
+    def load(self, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]]) -> int:
+        """Fill an empty store from ``(keys, rows)`` chunks, read one at a time: host memory first, as far as the
+        budget allows, then the rest into the disk store in one :meth:`DiskStore.bulk_load`. Keys must be distinct
+        across all chunks (a checkpoint's are checked as it is read).
+
+        Returns:
+            int: the rows loaded.
+
+        Raises:
+            ConfigError: the store is not empty, a chunk is malformed, or a key repeats within the disk part.
+            StorageError: the rows do not fit the budget and there is no disk store, or a disk write failed.
+
+        Example::
+
+            store.load(zip(keys.split(65536), rows.split(65536)))
+        """
+        if len(self):
+            raise ConfigError(f"{self.where}: load fills an empty store; this one holds {len(self)} rows")
+        chunks = iter(chunks)
+        for keys, rows in chunks:
+            free = self.max_rows - len(self._index)
+            if free:
+                self.put(keys[:free], rows[:free])
+            if keys.numel() > free:
+                if self.spill is None:
+                    more = keys.numel() - free + sum(k.numel() for k, _ in chunks)
+                    raise StorageError(
+                        f"{self.where}: {more} rows to load do not fit: the host store holds at most {self.max_rows} "
+                        f"rows within budget_bytes={self.budget_bytes}. Raise the table's host memory budget, or "
+                        "give the table a disk directory"
+                    )
+                self.spill.bulk_load(itertools.chain([(keys[free:], rows[free:])], chunks))
+        return len(self)
 
     def chunks(self, rows_per_chunk: int = 65536) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         """Every ``(keys int64 [m], rows [m, width])`` once, host rows first, ``m <= rows_per_chunk``.

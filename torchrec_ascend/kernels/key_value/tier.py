@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
@@ -102,13 +102,9 @@ class HostDiskTier:
     def checkpoint_state(self, t: int) -> Dict[str, Any]:
         return {"swaps": dict(self.swaps[t])}
 
-    def restore(self, t: int, keys: torch.Tensor, rows: torch.Tensor, state: Dict[str, Any]) -> None:
-        store = self.stores[t]
-        held = [k for k, _ in store.chunks()]
-        if held:
-            store.remove(torch.cat(held))
-        if keys.numel():
-            store.put(keys, rows)
+    def restore(self, t: int, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]) -> None:
+        self.stores[t].clear()
+        self.stores[t].load(chunks)
         self.swaps[t] = {**dict.fromkeys(self.swaps[t], 0), **state.get("swaps", {})}
 
     def close(self) -> None:
