@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torchrec_ascend.checkpoint.layout import ShardLayout
 from torchrec_ascend.checkpoint.files import ArrayFileWriter
+from torchrec_ascend.checkpoint.layout import ShardLayout
 from torchrec_ascend.checkpoint.records import assemble, select
 from torchrec_ascend.checkpoint.shard_files import read_chain, write_shard
 from torchrec_ascend.errors import StorageError

@@ -1,5 +1,6 @@
 """KEY_VALUE kernel faults and bad input, in one process (a 1-rank gloo group): unwritable or full disk, corrupted
-segment files, a checkpoint too large for host memory, metrics, and planning key_value on CPU."""
+segment files, a checkpoint too large for host memory or changed while it loads, metrics, and planning key_value on
+CPU."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, Saver, get_default_hybrid_sharders
-from torchrec_ascend.checkpoint import restore
+from torchrec_ascend.checkpoint import restore, saver
+from torchrec_ascend.checkpoint.versions import resolve_chain
 from torchrec_ascend.errors import CapacityError, StorageError
 from torchrec_ascend.kernels.key_value import cache_metrics
 from torchrec_ascend.kernels.walk import sharded_kernels
@@ -118,6 +120,41 @@ def test_a_load_larger_than_the_available_memory_is_refused_before_anything_chan
     assert after.keys() == trained.keys() and all(torch.equal(after[k], trained[k]) for k in trained)
     monkeypatch.undo()
     Saver().load(dmp, str(tmp_path / "ckpt"))
+    loaded = rows(dmp)
+    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
+
+
+def test_a_checkpoint_changed_during_a_load_is_named_and_the_table_said_partially_loaded(tmp_path, monkeypatch):
+    # A load checks every file, then reads the rows below the pool again as it restores them: a file changed in
+    # between fails that second read, and the error says the table must be loaded again.
+    dmp = model(str(tmp_path / "disk"))
+    for start in range(0, 120, 10):
+        train(dmp, list(range(start, start + 10)))
+    ckpt = str(tmp_path / "ckpt")
+    Saver().save(dmp, ckpt)
+    saved = rows(dmp)
+    directory, metadata = resolve_chain(ckpt)[-1]
+    (shard,) = metadata["shards"]
+    data, rows_entry = os.path.join(directory, shard["file"]), shard["blocks"][-1]["rows"]
+    with open(data, "rb") as f:
+        f.seek(rows_entry["offset"])
+        intact = f.read(4)
+    apply = saver.apply_restores
+
+    def changed_then_applied(*args: object) -> object:
+        with open(data, "r+b") as f:  # a lower-tier block, checked already
+            f.seek(rows_entry["offset"])
+            f.write(bytes(b ^ 0xFF for b in intact))
+        return apply(*args)
+
+    monkeypatch.setattr(saver, "apply_restores", changed_then_applied)
+    with pytest.raises(StorageError, match=rf"{os.path.basename(data)}.*checksum.*'user' is now partially loaded"):
+        Saver().load(dmp, ckpt)
+    monkeypatch.undo()
+    with open(data, "r+b") as f:
+        f.seek(rows_entry["offset"])
+        f.write(intact)
+    Saver().load(dmp, ckpt)
     loaded = rows(dmp)
     assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
 

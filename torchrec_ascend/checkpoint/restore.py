@@ -148,7 +148,9 @@ def _as_kernel_holds(kernel: HashRows, t: int, layout: ShardLayout, records: Sha
     low, high = layout.to_local(torch.tensor(records.id_range)).tolist()
 
     def lower_rows() -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        return ((layout.to_local(ids), rows.to(dtype)) for ids, rows in records.lower_rows())
+        for ids, rows in records.lower_rows():
+            yield layout.to_local(ids), rows.to(dtype)
+            del ids, rows  # freed before the next block is read: a load holds one block at a time
 
     local = ShardRows(layout.to_local(pooled.ids), pooled.slots, pooled.last_used, pooled.rows.to(dtype))
     return ShardRecords(local, records.lower_count, (low, high), records.width, lower_rows)
@@ -243,16 +245,16 @@ LOAD_BYTES_PER_RECORD = 33  # a save's IDs read and joined (16), which records s
 def _check_memory(layout: ShardLayout, entries: List[Tuple[str, Dict[str, Any]]], directory: str) -> None:
     """Refuse, before reading it, a shard whose load would hold more than the host memory available (sizes from
     the checked metadata): the load would be killed for memory instead of failing cleanly. A load holds
-    :data:`LOAD_BYTES_PER_RECORD` per saved record, the pooled records (each save's first block) and one block;
-    the rows below the pool are streamed."""
+    :data:`LOAD_BYTES_PER_RECORD` per saved record, the pooled records (each save's first block) and two blocks
+    (the one read and the allocator's copy of the one before); the rows below the pool are streamed."""
     blocks = [[sum(int(block[f]["nbytes"]) for f in RECORD_FIELDS) for block in e["blocks"]] for _, e in entries]
     records = sum(int(block["ids"]["shape"][0]) for _, e in entries for block in e["blocks"])
-    need = LOAD_BYTES_PER_RECORD * records + sum(b[0] for b in blocks if b) + max(max(b, default=0) for b in blocks)
+    need = LOAD_BYTES_PER_RECORD * records + sum(b[0] for b in blocks if b) + 2 * max(max(b, default=0) for b in blocks)
     available = available_memory()
     if available is not None and need > available:
         raise CapacityError(
             f"table {layout.table!r}: loading its shard from '{directory}' needs about {need / 1e9:.2f} GB of host "
-            f"memory ({records} saved records: {LOAD_BYTES_PER_RECORD} bytes each, the pooled rows and one block of "
+            f"memory ({records} saved records: {LOAD_BYTES_PER_RECORD} bytes each, the pooled rows and two blocks of "
             f"records), and this host has {available / 1e9:.2f} GB available; load on more ranks, so that each "
             "shard is smaller, or on a host with more memory"
         )

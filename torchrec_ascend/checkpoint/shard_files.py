@@ -136,12 +136,8 @@ def read_chain(
             survives = ~torch.isin(block_ids, later)
             if keep is not None:
                 survives &= keep(block_ids)
-            slots = torch.from_numpy(_read(directory, entry, block["slots"], "slots"))
-            last_used = torch.from_numpy(_read(directory, entry, block["last_used"], "last_used"))
-            rows = torch.from_numpy(_read(directory, entry, block["rows"], "rows"))  # checksummed even if not kept
-            here = survives & (slots >= 0)
-            save_pooled.append(ShardRows(block_ids[here], slots[here], last_used[here], rows[here]))
-            lower = survives & (slots < 0)
+            here, lower = _split_block(directory, entry, block, block_ids, survives)
+            save_pooled.append(here)
             if bool(lower.any()):
                 save_lower.append((directory, entry, block, lower))
             if bool(survives.any()):
@@ -160,10 +156,26 @@ def read_chain(
     def lower_rows() -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         for directory, entry, block, lower in lower_blocks:
             ids = torch.from_numpy(_read(directory, entry, block["ids"], "ids"))
-            yield ids[lower], torch.from_numpy(_read(directory, entry, block["rows"], "rows"))[lower]
+            rows = torch.from_numpy(_read(directory, entry, block["rows"], "rows"))
+            if not bool(lower.all()):  # a block of rows only below the pool is passed on without a copy
+                ids, rows = ids[lower], rows[lower]
+            yield ids, rows
+            del ids, rows  # freed before the next block is read: a load holds one block at a time
 
     lower_count = sum(int(lower.sum()) for _, _, _, lower in lower_blocks)
     return ShardRecords(concat(pooled, width), lower_count, (low, high) if low <= high else (0, -1), width, lower_rows)
+
+
+def _split_block(
+    directory: str, entry: Dict[str, Any], block: Dict[str, Any], ids: torch.Tensor, survives: torch.Tensor
+) -> Tuple[ShardRows, torch.Tensor]:
+    """Read and check one block's other arrays: the surviving records with a pool slot, and the mask of the
+    surviving ones without (their rows are read again when they are restored)."""
+    slots = torch.from_numpy(_read(directory, entry, block["slots"], "slots"))
+    last_used = torch.from_numpy(_read(directory, entry, block["last_used"], "last_used"))
+    rows = torch.from_numpy(_read(directory, entry, block["rows"], "rows"))  # checksummed even if not kept
+    pooled = survives & (slots >= 0)
+    return ShardRows(ids[pooled], slots[pooled], last_used[pooled], rows[pooled]), survives & (slots < 0)
 
 
 def read_chain_records(

@@ -146,3 +146,26 @@ def test_both_tiers_are_row_stores_and_keep_values_not_graphs(tiered):
     tiered.put(keys, weights)  # some rows go to disk (numpy), some stay in host memory
     got, found = tiered.get(keys)
     assert found.all() and not got.requires_grad and torch.equal(got, weights.detach())
+
+
+def test_load_fills_host_memory_first_then_the_disk_and_clear_forgets_both(tiered):
+    n = tiered.max_rows * 3 + 1
+    keys = torch.randperm(10 * n)[:n]
+    assert tiered.load(zip(keys.split(4), rows_for(keys).split(4))) == n  # chunks cross the host's capacity
+    stats = tiered.stats()
+    assert stats["host_rows"] == tiered.max_rows and stats["disk_rows"] == n - tiered.max_rows
+    got, found = tiered.get(keys)
+    assert found.all() and torch.equal(got, rows_for(keys))
+    with pytest.raises(ConfigError, match="user_id.*empty store"):
+        tiered.load(iter([(torch.tensor([10 * n]), rows_for(torch.tensor([10 * n])))]))
+    tiered.clear()
+    assert len(tiered) == 0 and not tiered.contains(keys).any() and not list(tiered.chunks())
+    assert tiered.load(iter([(keys[:2], rows_for(keys[:2], version=1))])) == 2  # usable after a clear
+    assert torch.equal(tiered.get(keys[:2])[0], rows_for(keys[:2], version=1))
+
+
+def test_load_beyond_the_budget_without_disk_says_how_to_fix():
+    store = HostStore(WIDTH, budget_bytes=BUDGET, name="item_id")
+    keys = torch.arange(store.max_rows + 3)
+    with pytest.raises(StorageError, match=r"item_id': 3 rows to load do not fit.*budget_bytes=2000.*disk directory"):
+        store.load(zip(keys.split(2), rows_for(keys).split(2)))

@@ -46,6 +46,7 @@ from .segment_file import SegmentFile, read_records
 
 DEFAULT_SEGMENT_BYTES = 256 << 20
 MAX_KEYS_IN_MESSAGE = 8
+BULK_PIECE_ROWS = 8192  # rows a bulk load encodes and writes at once
 PARTITIONS = 256
 MAX_BUCKETS = 1 << 25  # per partition: 256 * 2**25 * 0.8 = 6.8e9 keys at most, 64 GiB of address space
 FINGERPRINT_BITS = 28
@@ -211,7 +212,8 @@ class DiskStore:
         then each index partition is laid out once (no probing), which is much faster than one ``put`` per chunk.
 
         While loading, the keys and buckets of every row are held (16 bytes a row, besides the index itself); they
-        are handed back to the system when it returns.
+        are handed back to the system when it returns. Each chunk is encoded and written in pieces of
+        :data:`BULK_PIECE_ROWS` rows, so the load holds one chunk and one piece at a time.
 
         Returns:
             int: the rows loaded.
@@ -232,7 +234,10 @@ class DiskStore:
             for keys, rows in chunks:
                 keys = check_keys(keys, self.where)
                 rows = check_rows(rows, keys.numel(), self.width, self.dtype, self.where)
-                locations = self._append(self._format.encode(keys, rows), f"{keys.numel()} rows")
+                locations = np.concatenate([  # encoded in pieces: the records of a chunk are never all held
+                    self._append(self._format.encode(k, r), f"{k.numel()} rows")
+                    for k, r in zip(keys.split(BULK_PIECE_ROWS), rows.split(BULK_PIECE_ROWS))
+                ] or [np.empty(0, dtype=np.int64)])
                 part, fingerprint, _ = self._hash(keys.numpy())
                 entries = (fingerprint << _SHIFT) | (locations.astype(np.uint64) + np.uint64(1))
                 order = np.argsort(part, kind="stable")
@@ -240,6 +245,7 @@ class DiskStore:
                 for p in np.flatnonzero(np.diff(bounds)).tolist():
                     chosen = order[bounds[p] : bounds[p + 1]]
                     parts[p].append((keys.numpy()[chosen], entries[chosen]))
+                del keys, rows  # freed before the next chunk is made: a load holds one chunk at a time
             for p, pieces in enumerate(parts):
                 if pieces:
                     keys_p = np.concatenate([k for k, _ in pieces])

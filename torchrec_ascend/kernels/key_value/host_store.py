@@ -277,7 +277,9 @@ class HostStore:
                         f"rows within budget_bytes={self.budget_bytes}. Raise the table's host memory budget, or "
                         "give the table a disk directory"
                     )
-                self.spill.bulk_load(itertools.chain([(keys[free:], rows[free:])], chunks))
+                rest = itertools.chain([(keys[free:], rows[free:])], chunks)
+                del keys, rows  # the disk part holds one chunk at a time
+                self.spill.bulk_load(rest)
         return len(self)
 
     def chunks(self, rows_per_chunk: int = 65536) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
