@@ -21,7 +21,8 @@ Measured in the same run:
 * peak RSS (``VmHWM``) against the promise: device cache + host budget + disk index + a constant;
 * checkpoints (``Saver``) of a sub-table of ``--ckpt-rows`` rows, mostly on disk (the full table and its
   checkpoint do not fit the free disk together): full and incremental save GB/s against the disk's sequential
-  write throughput, and the incremental bytes when 10% of the rows changed.
+  write throughput, the incremental bytes when 10% of the rows changed, and the restore's GB/s and peak RSS (a
+  load streams the rows below the pool, so the sub-table may be larger than memory).
 
 It refuses to start without the free disk it needs, deletes everything it wrote (also on failure or Ctrl-C) and
 writes its numbers into ``benchmarks/REPORT.md`` (its own section, the rest kept). Not part of ``run_all.py``'s
@@ -62,9 +63,11 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import Saver, get_default_hybrid_sharders
+from torchrec_ascend.checkpoint.restore import available_memory
 from torchrec_ascend.errors import StorageError
 from torchrec_ascend.kernels.key_value import cache_metrics
 from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
+from torchrec_ascend.kernels.key_value.key_index import trim_heap
 from torchrec_ascend.kernels.walk import sharded_kernels
 
 HERE = Path(__file__).resolve().parent
@@ -416,10 +419,15 @@ def checkpoints(args: argparse.Namespace, work: str) -> Dict[str, Any]:
     kernel.close()
     del dmp, dense, kernel
     restored, _ = build(rows, args.dim, args.cache_rows, args.host_gib / 4, os.path.join(work, "restored-table"))
+    trim_heap()  # what the sub-table freed goes back to the system: the growth below is the load's own
+    rss_before_restore, available = current_rss(), available_memory()
+    reset_peak_rss()
     start = time.perf_counter()
     saver.load(restored, path)
     restore_s = time.perf_counter() - start
+    restore_rss_growth = peak_rss() - rss_before_restore
     tiers = cache_metrics(restored)["item"]
+    restored_stats = kernel_of(restored)._stores[0].stats()
     restored_equal = torch.equal(read_rows(restored, probe), expected)
     kernel_of(restored).close()
     out = {"rows": rows, "table_GB": rows * (args.dim + 1) * 4 / 1e9, "full_bytes": full_bytes,
@@ -428,6 +436,9 @@ def checkpoints(args: argparse.Namespace, work: str) -> Dict[str, Any]:
            "incremental_GBps": incremental_bytes / incremental_s / 1e9,
            "incremental_share_of_full": incremental_bytes / full_bytes,
            "restore_s": restore_s, "restore_GBps": (full_bytes + incremental_bytes) / restore_s / 1e9,
+           "restore_rss_growth": restore_rss_growth, "available_before_restore": available,
+           "restored_host_bytes": restored_stats["host_bytes"],
+           "restored_index_bytes": restored_stats["disk_index_bytes"],
            "restored_tier_rows": {k: tiers[k] for k in ("cache_rows", "host_rows", "disk_rows")},
            "damaged_files": damaged_files, "damage_error": damage_error, "probe_rows": probe.numel(),
            "restored_equal": restored_equal, **filled_up}
@@ -488,12 +499,17 @@ def section(args: argparse.Namespace, r: Dict[str, Any]) -> str:
         f"peak while filling (the bulk load holds 16 B a row besides the index) {gb(r['peak_rss_fill'])}.",
         "",
         f"Checkpoints (`Saver`) of a sub-table of {ck['rows']:,} rows ({ck['table_GB']:.1f} GB, mostly on disk; the "
-        f"full table and its checkpoint do not fit the free disk together): full save {gb(ck['full_bytes'])} in "
+        f"full table and its checkpoint do not fit the free disk together): full save {gb(ck['full_bytes'])} "
+        f"({ck['full_bytes'] / r['ram_bytes']:.2f}x RAM) in "
         f"{ck['full_s']:.0f} s = {ck['full_GBps']:.2f} GB/s ({ck['full_GBps'] * 1e3 / seq:.2f} of the disk's "
         f"sequential writes); after training changed {ck['changed_rows']:,} rows (10%), the incremental save wrote "
         f"{gb(ck['incremental_bytes'])} ({ck['incremental_share_of_full']:.2f} of the full save) in "
         f"{ck['incremental_s']:.1f} s = {ck['incremental_GBps']:.2f} GB/s; restoring both into a fresh model "
-        f"took {ck['restore_s']:.0f} s = {ck['restore_GBps']:.2f} GB/s read.",
+        f"took {ck['restore_s']:.0f} s = {ck['restore_GBps']:.2f} GB/s of checkpoint (the rows below the pool are "
+        f"read twice: checked, then restored as they are read again); the process's peak RSS rose "
+        f"{gb(ck['restore_rss_growth'])} during the load, of which the host tier (filled first) holds "
+        f"{gb(ck['restored_host_bytes'])} and the disk index {gb(ck['restored_index_bytes'])} "
+        f"({gb(ck['available_before_restore'] or 0)} of memory were available before it).",
         "",
         full_disk_sentence(ck),
         "",
@@ -540,7 +556,9 @@ def write_report(text: str, path: Path) -> None:
 def needed_disk(args: argparse.Namespace) -> int:
     record = (args.dim + 1) * 4 + RECORD_OVERHEAD
     table = args.rows * record * 1.005  # the segments and the garbage training leaves (fio's file is gone by then)
-    ckpt = args.ckpt_rows * record * 3.3  # the sub-table, its full save, an increment and the restored copy
+    # The sub-table with the garbage of its 10% changed rows, its full save and increment (records + 8 B), then the
+    # saves and the restored copy (the sub-table is gone by then): at most ~2.25x the segments.
+    ckpt = args.ckpt_rows * record * 2.4
     return int(max(table, ckpt, 4 * GIB) + GIB + args.reserve_gib * GIB)
 
 
