@@ -3,12 +3,15 @@
 A shard's metadata entry holds its :class:`ShardLayout`, the JSON part of its state (step, counters, optimizer
 iteration...), and the array entries of the rest: record blocks (``ids`` as global IDs, ``slots``, ``last_used``,
 ``rows``), the IDs an incremental save drops (``removed``), and the state tensors (the ID map's free slots, each
-policy's state dict as ``eviction/<name>`` / ``admission/<name>``).
+policy's state dict as ``eviction/<name>`` / ``admission/<name>``). A chain of saves reads back with
+:func:`read_chain`: the records with a pool slot in memory, the others read again block by block as they are
+restored (a KEY_VALUE shard may be larger than memory).
 
 Example::
 
     entry = write_shard(writer, layout, blocks, removed, kernel.shard_state(t))
-    records = read_chain_records([(save_dir, entry)], keep=layout.owns)
+    records = read_chain([(save_dir, entry)])
+    records.pooled, records.lower_count
 """
 
 from __future__ import annotations
