@@ -136,7 +136,7 @@ def read_chain(
         del parts
         for block, start, end in zip(blocks, bounds, bounds[1:]):
             block_ids = torch.from_numpy(ids[start:end])
-            survives = ~torch.isin(block_ids, later)
+            survives = ~_in_sorted(block_ids, later)
             if keep is not None:
                 survives &= keep(block_ids)
             here, lower = _split_block(directory, entry, block, block_ids, survives)
@@ -167,6 +167,15 @@ def read_chain(
 
     lower_count = sum(int(lower.sum()) for _, _, _, lower in lower_blocks)
     return ShardRecords(concat(pooled, width), lower_count, (low, high) if low <= high else (0, -1), width, lower_rows)
+
+
+def _in_sorted(values: torch.Tensor, sorted_set: torch.Tensor) -> torch.Tensor:
+    """Bool mask: which ``values`` are in ``sorted_set`` (ascending, distinct). A binary search per value:
+    ``torch.isin`` sorts both sides on every call, seconds a block against the IDs of a large increment."""
+    if not sorted_set.numel():
+        return torch.zeros(values.shape, dtype=torch.bool)
+    at = torch.searchsorted(sorted_set, values).clamp_(max=sorted_set.numel() - 1)
+    return sorted_set[at] == values
 
 
 def _split_block(
