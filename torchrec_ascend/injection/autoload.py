@@ -4,6 +4,11 @@
 and touches nothing of torch: it only puts a :class:`TorchRecImportHook` on ``sys.meta_path``. The patch registry is
 built, and the device backend activated, when the first ``torchrec`` module is imported.
 
+At its top level this module imports only the standard library and the stdlib-only import hook: torch turns an
+exception raised while loading an entry point's module into a failed ``import torch``, and a missing or broken
+dependency of ours (``packaging``, ``pluggy``, ...) must not do that. Everything else is imported inside the guards
+below; a failure there is recorded and reported in one line naming the fix (``pip install packaging``).
+
 Switches: ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` (torch's own: no backend entry point runs) and
 ``TORCHREC_ASCEND_AUTOLOAD=0`` (ours: torchrec-ascend stays off). With either, :func:`activate` turns it on
 explicitly. ``torchrec-ascend doctor`` shows the state recorded here.
@@ -13,12 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import traceback
-from typing import Optional
+import warnings
+from typing import TYPE_CHECKING, Optional
 
-from torchrec_ascend.errors import TorchRecAscendError
-from torchrec_ascend.injection import import_hook
-from torchrec_ascend.injection.registry import PatchRegistry, fully_imported
+from torchrec_ascend.injection import import_hook  # standard library only
+
+if TYPE_CHECKING:
+    from torchrec_ascend.injection.registry import PatchRegistry
 
 OFF_SWITCH = "TORCHREC_ASCEND_AUTOLOAD"
 
@@ -74,6 +82,8 @@ def activate() -> PatchRegistry:
         import torchrec_ascend.injection.autoload as autoload
         registry = autoload.activate()
     """
+    from torchrec_ascend.errors import TorchRecAscendError
+
     _arm()
     _on_first_import()
     if _registry is None:
@@ -109,7 +119,7 @@ def _arm() -> None:
         STATUS.state, STATUS.detail = "armed", ""
     # torchrec was imported first (autoload off, or torchrec importing torch): patch what is already there. While
     # torchrec is still mid-import, the hook sees its remaining modules and does this on the next one.
-    if fully_imported(import_hook.PREFIX):
+    if _fully_imported(import_hook.PREFIX):
         _on_first_import()
         if _registry is not None:
             _registry.apply(loaded_module="")
@@ -122,14 +132,68 @@ def _on_first_import() -> None:
     try:
         from torchrec_ascend import backends, hooks
         from torchrec_ascend.injection import drift
+        from torchrec_ascend.injection.registry import PatchRegistry
 
         _registry = PatchRegistry([*hooks.registrations(), *hooks.default_patches()], reviewed=drift.reviewed_digests())
         STATUS.state = "active"
     except Exception as err:
         _record_error("building the patch registry", err)
+        # stacklevel 3: the `import torchrec` (or `activate()`) line; warnings skips the importlib frames between.
+        message = f"torchrec-ascend is off and TorchRec runs unmodified: {explain_failure(err)}"
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
         return
-    # A broken accelerator stack must not silently fall back to CPU: this raises (from `import torchrec`).
-    backends.activate()
+    # A broken accelerator stack must not silently fall back to CPU: this raises (from `import torchrec`). Its own
+    # import failures come back as BackendError; an ImportError here is a dependency of ours (pluggy, ...).
+    try:
+        backends.activate()
+    except ImportError as err:
+        message = f"torchrec-ascend could not choose a device backend: {explain_failure(err)}"
+        raise ImportError(message, name=err.name) from err
+
+
+def explain_failure(err: BaseException) -> str:
+    """One line saying what failed and the command that fixes it: a dependency of ours that is missing, broken or
+    too old is named with its requirement.
+
+    Example::
+
+        explain_failure(ModuleNotFoundError("No module named 'packaging'", name="packaging"))
+        # -> 'torchrec-ascend needs packaging, which is not installed; fix: pip install "packaging>=23"'
+    """
+    name = (getattr(err, "name", None) or "") if isinstance(err, ImportError) else ""
+    top = name.split(".")[0]
+    requirement = _requirement(top) if top else None
+    if requirement is None:
+        return f"{type(err).__name__}: {err}; run `torchrec-ascend doctor` for details"
+    if isinstance(err, ModuleNotFoundError) and name == top:
+        return f'torchrec-ascend needs {top}, which is not installed; fix: pip install "{requirement}"'
+    return (
+        f"torchrec-ascend needs {top}, which fails to import ({type(err).__name__}: {err}); "
+        f'fix: pip install --force-reinstall "{requirement}"'
+    )
+
+
+def _requirement(module: str) -> Optional[str]:
+    """Our requirement on the distribution named like top-level ``module`` (``packaging>=23``), None if not one."""
+    import importlib.metadata
+    import re
+
+    try:
+        requirements = importlib.metadata.requires("torchrec-ascend") or []
+    except Exception:  # not installed as a distribution, or broken metadata: nothing to name
+        return None
+    wanted = re.sub(r"[-_.]+", "-", module).lower()
+    for requirement in requirements:
+        match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*([^;\[]*)", requirement)
+        if match and ";" not in requirement and re.sub(r"[-_.]+", "-", match.group(1)).lower() == wanted:
+            return (match.group(1) + match.group(2)).strip()
+    return None
+
+
+def _fully_imported(module: str) -> bool:
+    """True if ``module`` finished executing (registry.fully_imported, repeated: arming must not need packaging)."""
+    mod = sys.modules.get(module)
+    return mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False)
 
 
 def _watched() -> set:
