@@ -31,10 +31,10 @@ import re
 from typing import Any, Dict, List, Set, Tuple
 
 import torch
-from torch.distributed._shard.metadata import ShardMetadata
-from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata, TensorProperties
+from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 
 from torchrec_ascend.checkpoint.layout import ShardLayout
+from torchrec_ascend.checkpoint.sharded import column_offsets, id_metadata, id_shard
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.fused import HashRows
 from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
@@ -96,13 +96,9 @@ def add_weight_ids(module: torch.nn.Module, destination: Dict[str, Any], prefix:
             continue
         pieces = [(kernel.shard_info(t).table.local_metadata, _row_ids(kernel, t)) for kernel, t in shards]
         table = shards[0][0].shard_info(shards[0][1]).table
-        columns = _column_offsets(table.global_metadata)
-        metadata = ShardedTensorMetadata(
-            shards_metadata=[_id_shard(m, columns) for m in table.global_metadata.shards_metadata],
-            size=torch.Size([table.global_metadata.size[0], len(columns)]),
-            tensor_properties=TensorProperties(dtype=torch.int64),
-        )
-        local = [Shard(tensor=ids[:, None], metadata=_id_shard(m, columns)) for m, ids in pieces]
+        columns = column_offsets(table.global_metadata)
+        metadata = id_metadata(table.global_metadata)
+        local = [Shard(tensor=ids[:, None], metadata=id_shard(m, columns)) for m, ids in pieces]
         destination[key] = ShardedTensor._init_from_local_shards_and_global_metadata(
             local, metadata, process_group=weight._process_group
         )
@@ -120,7 +116,7 @@ def load_weight_ids(module: torch.nn.Module, state_dict: Dict[str, Any], prefix:
     for name, shards in _fused_hash_shards(module).items():
         key = f"{prefix}{attr}.{name}.{WEIGHT_ID}"
         if key not in state_dict:
-            _refuse_rows_without_ids(state_dict, f"{prefix}{attr}.{name}", name)
+            refuse_rows_without_ids(state_dict, f"{prefix}{attr}.{name}", name)
             continue
         value = state_dict.pop(key)
         if not isinstance(value, ShardedTensor):  # data_parallel: the whole table, placed by nobody
@@ -131,7 +127,7 @@ def load_weight_ids(module: torch.nn.Module, state_dict: Dict[str, Any], prefix:
         for kernel, t in shards:
             info = kernel.shard_info(t)
             local = info.table.local_metadata
-            columns = _column_offsets(info.table.global_metadata)
+            columns = column_offsets(info.table.global_metadata)
             row0, rows = int(local.shard_offsets[0]), int(local.shard_sizes[0])
             ids = pieces.get(((row0, columns.index(int(local.shard_offsets[1]))), rows))
             if ids is None:
@@ -143,7 +139,7 @@ def load_weight_ids(module: torch.nn.Module, state_dict: Dict[str, Any], prefix:
             _restore_ids(kernel, t, ids[:, 0], key, placed=True)
 
 
-def _refuse_rows_without_ids(state_dict: Dict[str, Any], table_key: str, name: str) -> None:
+def refuse_rows_without_ids(state_dict: Dict[str, Any], table_key: str, name: str) -> None:
     """Rows whose IDs are not in ``state_dict`` would be read as other IDs' rows: refuse them, unless they are an
     unsharded table holding no ID yet (TorchRec loads the unsharded module's state when it shards it)."""
     if f"{table_key}.weight" not in state_dict:
@@ -173,20 +169,6 @@ def _fused_hash_shards(module: torch.nn.Module) -> Dict[str, List[Tuple[HashRows
 def _row_ids(kernel: HashRows, t: int) -> torch.Tensor:
     """The ID of every row of the shard (-1: free); the reserved not-admitted row is outside the shard's rows."""
     return kernel.slot_table(t).slot_ids.clone()
-
-
-def _column_offsets(global_metadata: Any) -> List[int]:
-    return sorted({int(m.shard_offsets[1]) for m in global_metadata.shards_metadata})
-
-
-def _id_shard(weight_shard: Any, columns: List[int]) -> ShardMetadata:
-    """A weight shard's piece of ``weight_id``: the same rows, one column per column shard, on the same rank's host
-    (the IDs live in the host slot table by design, whatever device holds the rows: no copy to the device)."""
-    return ShardMetadata(
-        shard_offsets=[int(weight_shard.shard_offsets[0]), columns.index(int(weight_shard.shard_offsets[1]))],
-        shard_sizes=[int(weight_shard.shard_sizes[0]), 1],
-        placement=torch.distributed._remote_device(f"rank:{weight_shard.placement.rank()}/cpu"),
-    )
 
 
 def _restore_ids(kernel: HashRows, t: int, row_ids: torch.Tensor, key: str, placed: bool) -> None:

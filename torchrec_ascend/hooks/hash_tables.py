@@ -158,20 +158,25 @@ def _torch_state(original: Callable[..., None]) -> Callable[..., None]:
     def _initialize_torch_state(self: Any, skip_registering: bool = False) -> None:
         original(self, skip_registering)
         if not skip_registering:
+            from torchrec_ascend.checkpoint.key_value_state import add_key_value_entries
             from torchrec_ascend.checkpoint.stock import add_weight_ids
 
-            self._register_state_dict_hook(
-                lambda module, destination, prefix, _: add_weight_ids(module, destination, prefix, _tables_attr(module))
-            )
+            def hook(module: Any, destination: Dict[str, Any], prefix: str, _: Any) -> None:
+                add_weight_ids(module, destination, prefix, _tables_attr(module))
+                add_key_value_entries(module, destination, prefix, _tables_attr(module))
+
+            self._register_state_dict_hook(hook)
 
     return _initialize_torch_state
 
 
 def _pre_load(original: Callable[..., None]) -> Callable[..., None]:
     def _pre_load_state_dict_hook(self: Any, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
+        from torchrec_ascend.checkpoint.key_value_state import load_key_value_entries
         from torchrec_ascend.checkpoint.stock import load_weight_ids
 
         load_weight_ids(self, state_dict, prefix, _tables_attr(self))  # sharded FUSED hash tables' IDs
+        loaded = load_key_value_entries(self, state_dict, prefix, _tables_attr(self))  # KEY_VALUE rows, now
         # An unsharded hash table's ID map describes its own rows, not the shards' (placement is by hash): the
         # sharded kernels start empty and fill rows as IDs arrive (a map holding IDs was refused above). Moving
         # trained hash tables between layouts is the checkpoint Saver's job.
@@ -182,11 +187,13 @@ def _pre_load(original: Callable[..., None]) -> Callable[..., None]:
             for attr in ("embeddings", "embedding_bags"):  # give the stock hook this module's own (a no-op load)
                 key = f"{prefix}{attr}.{table}.weight"
                 own = getattr(self, "_model_parallel_name_to_sharded_tensor", {}).get(table)
-                if sharding.compute_kernel == "key_value" and key not in state_dict and own is not None:
+                if sharding.compute_kernel == "key_value" and (key not in state_dict or key in loaded) \
+                        and own is not None:
                     if hasattr(self, attr):
                         state_dict[key] = own
         original(self, state_dict, prefix, *args)
-        # A KEY_VALUE table's rows live in its tiers, not in a tensor of the table's shape: stock loading skips them.
+        # A KEY_VALUE table's rows live in its tiers (loaded above), not in a tensor of its shape: stock loading skips
+        # them.
         for table, sharding in getattr(self, "module_sharding_plan", {}).items():
             for key in (f"{prefix}embeddings.{table}.weight", f"{prefix}embedding_bags.{table}.weight"):
                 if sharding.compute_kernel == "key_value" and key in state_dict:

@@ -162,6 +162,36 @@ class ShardCheckpoint:
         rows, found = self._tier.read(t, left)
         return iter([pool, _lower_tier_rows(left[found], rows[found])]), left[~found]
 
+    def held_keys(self, t: int) -> Iterator[torch.Tensor]:
+        """Every key table ``t``'s shard holds, in blocks: the pool's, then each lower tier's (rows are read and
+        dropped a block at a time: the keys of a disk tier are in its records)."""
+        yield self._slot_tables[t].id_map.export()[0]
+        for keys, _ in self._tier.stored(t):
+            yield keys
+
+    def read_records(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The current packed record (:meth:`Pool.pack` layout) of each of ``keys`` from whichever tier holds it;
+        nothing moves between tiers and no counter changes.
+
+        Returns:
+            Tuple[Tensor, Tensor]: float32 ``[n, row_width]`` on the host (zeros where absent), and bool ``[n]``,
+            which keys the shard holds.
+
+        Example::
+
+            rows, found = checkpoint.read_records(0, torch.tensor([7, 42]))
+        """
+        slots = self._slot_tables[t].id_map.lookup(keys)
+        cached = slots >= 0
+        rows = torch.zeros(keys.numel(), self._pool.row_width(t))
+        rows[cached] = self._pool.pack(t, slots[cached])
+        below = (~cached).nonzero().squeeze(1)
+        stored, found_below = self._tier.read(t, keys[below])
+        rows[below] = stored
+        found = cached.clone()
+        found[below] = found_below
+        return rows, found
+
     def shard_state(self, t: int) -> Dict[str, Any]:
         """:meth:`SlotTable.checkpoint_state` of table ``t``, ``iteration`` (the fused optimizer's step count) and
         the row tier's counters (KEY_VALUE: ``swaps``).

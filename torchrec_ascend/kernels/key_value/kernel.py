@@ -35,7 +35,7 @@ import dataclasses
 import logging
 import math
 import os
-from typing import Any, Dict, List, Optional, cast
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple, cast
 
 import torch
 from torchrec.distributed.batched_embedding_kernel import BatchedFusedEmbedding, BatchedFusedEmbeddingBag
@@ -51,6 +51,7 @@ from torchrec_ascend.kernels.fused import HashRows, place_vbe_output, pooled_loo
 from torchrec_ascend.kernels.id_mapper import with_values
 from torchrec_ascend.kernels.key_value.key_index import reserve
 from torchrec_ascend.kernels.key_value.tier import HostDiskTier
+from torchrec_ascend.kernels.shard_checkpoint import ShardRows
 from torchrec_ascend.kernels.tbe_config import with_block_rows
 from torchrec_ascend.kernels.transfers import to_device, to_host
 from torchrec_ascend.kernels.walk import sharded_kernels
@@ -140,10 +141,65 @@ class KeyValueRows(HashRows):
         )
         self._tier = cast(HostDiskTier, self.row_tier)
         self._stores = self._tier.stores  # read by the metrics below and the scale benchmark
+        self._storage_directory = (config.fused_params or {}).get("ssd_storage_directory")
+        self._load_hook: Optional[Callable[[], None]] = None
+        self._load_hook_owner: Any = None
+        self._tbe.route_prefetch(self._prefetch)
+
+    # -- loads through stock state_dict views (torchrec_ascend.checkpoint.key_value_state) ---------------------------
+
+    def set_load_hook(self, owner: Any, hook: Callable[[], None]) -> None:
+        """Call ``hook`` before rows move (a batch's lookup or prefetch, a checkpoint export or restore): the owner
+        of the table's state_dict views applies a load written into them. Only one owner."""
+        self._load_hook_owner, self._load_hook = owner, hook
+
+    def load_hook_owner(self) -> Any:
+        """What :meth:`set_load_hook` was given (None before)."""
+        return self._load_hook_owner
+
+    def _settle_loads(self) -> None:
+        if self._load_hook is not None:
+            self._load_hook()
+
+    def _prefetch(self, *args: Any, **kwargs: Any) -> None:
+        self._settle_loads()
+        self._mapper.prefetch(*args, **kwargs)
+
+    def lookup_rows(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        self._settle_loads()
+        return super().lookup_rows(features)
+
+    def map_ids(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        self._settle_loads()
+        return super().map_ids(features)
+
+    def export_shard(self, t: int, changed_only: bool = False) -> Tuple[Iterator[ShardRows], torch.Tensor]:
+        self._settle_loads()
+        return super().export_shard(t, changed_only)
+
+    def restore_shard(
+        self, t: int, pooled: ShardRows, lower: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]
+    ) -> None:
+        self._settle_loads()
+        super().restore_shard(t, pooled, lower, state)
+
+    def weight_dtype(self, t: int) -> torch.dtype:
+        """The dtype of table ``t``'s weights."""
+        return self._tbe.weights(t).dtype
+
+    def storage_directory(self, t: int) -> Optional[str]:
+        """The directory of table ``t``'s disk tier (None: no disk tier)."""
+        return self._storage_directory
+
+    @property
+    def process_group(self) -> Any:
+        """The kernel's process group (its tables' ShardedTensors live in it)."""
+        return self._tbe.process_group
 
     def _eval_on_host(self, features: KeyedJaggedTensor) -> Optional[KeyedJaggedTensor]:
         """For an evaluation batch whose rows the cache cannot take now: the batch with its IDs on the host (for
         :meth:`rows_from_tiers`); None otherwise (training, or the batch fits)."""
+        self._settle_loads()
         if self.training:
             return None
         on_host = with_values(features, to_host(features.values()))

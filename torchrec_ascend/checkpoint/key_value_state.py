@@ -1,0 +1,470 @@
+"""KEY_VALUE tables in stock ``state_dict()``, ``fused_optimizer.state_dict()`` and torch.distributed.checkpoint.
+
+A KEY_VALUE table's rows live in a device cache over host memory over disk, keyed by ID. Its stock state_dict
+entries are ShardedTensors of the table's shape whose local shards are :class:`RowWindow` s over a
+:class:`TableView` of the shard (one per ``state_dict()`` call and table, shared with the optimizer's until the next
+batch), cut in windows of at most ``WINDOW_BYTES``:
+
+* ``<table>.weight``: the weights; a hash table's row ``r`` holds the ID at ``<table>.weight_id[r]`` (-1: none),
+  a plain table's row ``r`` is its row ``r`` (never trained: its initial value);
+* ``<table>.weight_id`` (hash tables): int64 ``[num_embeddings, column shards]``, as for FUSED hash tables;
+* each fused optimizer state in ``fused_optimizer.state_dict()``, sized by the table's rows (not the cache's).
+
+Reading a window (DCP's save clones each one) reads its rows from whichever tier holds them. Writing into windows
+(DCP's load, ``copy_`` as TorchRec's test harness does, ``load_state_dict``) stages the values by row in an unlinked
+temporary file next to the table's disk tier; once the weights (and a hash table's ``weight_id``) and every
+optimizer state are in, or at the next batch, ``state_dict()`` read or ``load_state_dict``, the shard becomes exactly
+the loaded rows (optimizer states not loaded start fresh) through the same restore the Saver uses. A load that
+misses part of the weights or IDs, puts an ID on a shard that does not own it, or repeats an ID is refused naming
+the table, and the table is left as it was.
+
+Memory: a save holds one window plus 8 B per ID of the shard (a hash table's IDs, enumerated once per
+``state_dict()``); a load holds one window plus 8 B per row of the shard (the staged IDs), and the restore's own
+blocks.
+
+Example::
+
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}, checkpoint_id="/ckpt/1")
+    state = {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
+    dcp.load(state, checkpoint_id="/ckpt/1")    # KEY_VALUE tables are restored when their rows are in
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch.distributed._shard.metadata import ShardMetadata
+from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensorMetadata
+
+from torchrec_ascend.checkpoint.layout import ShardLayout
+from torchrec_ascend.checkpoint.row_window import RowWindow
+from torchrec_ascend.checkpoint.sharded import WINDOW_BYTES, column_offsets, id_metadata, windowed
+from torchrec_ascend.checkpoint.stock import refuse_rows_without_ids
+from torchrec_ascend.errors import CapacityError, ConfigError
+from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
+from torchrec_ascend.kernels.shard_checkpoint import ShardRows
+from torchrec_ascend.kernels.walk import sharded_kernels
+
+WEIGHTS, IDS = 0, 1  # parts of a table view; optimizer state k is part 2 + k
+_EMPTY = torch.empty(0, dtype=torch.int64)
+
+
+class TableView:
+    """One KEY_VALUE table shard as one ``state_dict()`` shows it (a :class:`RowSource` for its windows).
+
+    Args:
+        kernel: the KEY_VALUE kernel holding the shard; ``t``: the table's index in it.
+    """
+
+    def __init__(self, kernel: KeyValueRows, t: int) -> None:
+        self.kernel, self.t = kernel, t
+        self.info = kernel.shard_info(t)
+        self.layout = ShardLayout.of(self.info)
+        self.rows, self.cols = self.layout.rows, self.info.cols
+        state_widths = [math.prod(shape) for shape in self.info.state_shapes]
+        self.width = self.cols + sum(state_widths)
+        #: per part: its first column in a packed record and its width (IDS: not in records)
+        self._columns = [(0, self.cols), (0, 1)] + [
+            (self.cols + sum(state_widths[:k]), w) for k, w in enumerate(state_widths)
+        ]
+        self._weight_dtype = kernel.weight_dtype(t)
+        self._ids: Optional[torch.Tensor] = None
+        self._staging: Optional[_Staging] = None
+        self.applied = False  # a load into this view reached the table
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def parts(self) -> List[int]:
+        return [WEIGHTS] + ([IDS] if self.layout.hash_ids else []) + [2 + k for k in range(len(self.info.state_shapes))]
+
+    # -- RowSource ----------------------------------------------------------------------------------------------------
+
+    def dtype(self, part: int) -> torch.dtype:
+        return self._weight_dtype if part == WEIGHTS else torch.int64 if part == IDS else torch.float32
+
+    def holds(self, other: Any) -> bool:
+        return other is self or (
+            isinstance(other, TableView) and other.kernel is self.kernel and other.t == self.t and other.applied
+        )
+
+    def read(self, part: int, row0: int, rows: int) -> torch.Tensor:
+        self.settle()
+        if part == IDS:
+            return self._row_ids()[row0:row0 + rows, None]
+        keys = self._row_ids()[row0:row0 + rows] if self.layout.hash_ids else torch.arange(row0, row0 + rows)
+        records = torch.zeros(rows, self.width)
+        held = (keys >= 0).nonzero().squeeze(1)
+        found_rows, found = self.kernel.checkpoint.read_records(self.t, keys[held])
+        if self.layout.hash_ids and not bool(found.all()):
+            raise ConfigError(
+                f"KEY_VALUE table {self.name!r}: {int((~found).sum())} IDs of this state_dict left the table since "
+                "state_dict() was called; take state_dict() again right before saving"
+            )
+        fresh = ~found  # plain tables: a row never trained is its initial value, with fresh optimizer state
+        found_rows[fresh, :self.cols] = self.kernel.initial_rows(self.t, self.layout.to_global(keys[held][fresh]))
+        records[held] = found_rows
+        col0, width = self._columns[part]
+        values = records[:, col0:col0 + width]
+        if part >= 2 and self.info.state_shapes[part - 2] == ():
+            values = values[:, 0]
+        return values.to(self.dtype(part))
+
+    def write(self, part: int, row0: int, col0: int, values: torch.Tensor) -> None:
+        if self.applied:
+            raise ConfigError(
+                f"KEY_VALUE table {self.name!r}: a load into this state_dict was applied to the table already; take "
+                "state_dict() (or fused_optimizer.state_dict()) again and load into that"
+            )
+        rows = values.shape[0]
+        if row0 < 0 or row0 + rows > self.rows:
+            raise ConfigError(f"KEY_VALUE table {self.name!r}: rows {row0}-{row0 + rows - 1} are outside the shard")
+        if self._staging is None:
+            self._staging = _Staging(self.kernel.storage_directory(self.t), self.rows, self.width, len(self._columns))
+        staging = self._staging
+        if part == IDS:
+            staging.ids[row0:row0 + rows] = values.reshape(rows).long()
+        else:
+            records = staging.read(row0, rows)
+            start = self._columns[part][0] + col0
+            records[:, start:start + values[0].numel()] = values.reshape(rows, -1).float()
+            staging.write(row0, records)
+        staging.written[part] += values.numel()
+        if all(staging.written[p] == self._size(p) for p in self.parts()):
+            self.settle()  # everything is in (a whole DCP load of model and optimizer): apply it now
+
+    # -- loads --------------------------------------------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Apply the values written into this view to the table, if any (see the module docstring).
+
+        Raises:
+            ConfigError: the load wrote part of the weights, IDs or an optimizer state, or placed its IDs on a shard
+                that does not own them; the table is left as it was.
+            CapacityError: more IDs than the shard holds.
+        """
+        staging, self._staging = self._staging, None
+        if staging is None:
+            return
+        try:
+            self._apply(staging)
+        finally:
+            staging.close()
+        self.applied = True
+
+    def _apply(self, staging: "_Staging") -> None:
+        names = {WEIGHTS: "weight", IDS: "weight_id"}
+        loaded = []
+        for part in self.parts():
+            written, size = staging.written[part], self._size(part)
+            if written == size:
+                loaded.append(part)
+            elif part in names or written:
+                what = names.get(part, f"optimizer state {part - 2}")
+                raise ConfigError(
+                    f"KEY_VALUE table {self.name!r}: the load gave {written} of the {size} values of this rank's "
+                    f"{what}; nothing was changed. Load a state_dict holding the whole table (its weight"
+                    f"{' and weight_id' if self.layout.hash_ids else ''}), e.g. through torch.distributed.checkpoint"
+                )
+        keys = staging.ids if self.layout.hash_ids else torch.arange(self.rows)
+        held = keys >= 0
+        self._check_ids(keys[held])
+        keep = torch.zeros(self.width, dtype=torch.bool)  # columns loaded; the others (states) start fresh
+        for part in loaded:
+            if part != IDS:
+                col0, width = self._columns[part]
+                keep[col0:col0 + width] = True
+
+        def chunks() -> Any:
+            step = max(1, WINDOW_BYTES // (4 * self.width))
+            for row0 in range(0, self.rows, step):
+                rows = min(step, self.rows - row0)
+                mask = held[row0:row0 + rows]
+                records = torch.from_numpy(staging.read(row0, rows))[mask]
+                records[:, ~keep] = 0.0
+                yield keys[row0:row0 + rows][mask], records
+
+        state = self.kernel.shard_state(self.t)
+        state = {k: state[k] for k in ("step", "counters", "swaps") if k in state}
+        self.kernel.checkpoint.restore_shard(self.t, ShardRows(_EMPTY, _EMPTY, _EMPTY, torch.zeros(0, self.width)),
+                                             chunks(), state)
+        self._ids = keys.clone() if self.layout.hash_ids else None
+
+    def _check_ids(self, ids: torch.Tensor) -> None:
+        if ids.numel() != torch.unique(ids).numel():
+            raise ConfigError(f"KEY_VALUE table {self.name!r}: the loaded weight_id holds an ID twice; nothing was "
+                              "changed")
+        owned = self.layout.owns(ids)
+        if not bool(owned.all()):
+            raise ConfigError(
+                f"KEY_VALUE table {self.name!r}: the load puts {int((~owned).sum())} IDs on this rank's shard that do "
+                "not belong to it (saved with another row-wise split or world size; rows are placed by "
+                "hash(ID) % world_size); nothing was changed. Load with the same plan, or move the table with "
+                "torchrec_ascend.Saver, which reshards"
+            )
+
+    def load(self, weight: Any, ids: Optional[Any]) -> None:
+        """Load this shard's rows from a state_dict entry (``weight``, and ``ids``: ``weight_id`` for hash tables):
+        every piece overlapping the shard is copied into this view, then applied.
+
+        Raises:
+            ConfigError: the entries do not cover this rank's shard, or as :meth:`settle`.
+        """
+        table = self.info.table
+        row0, col0 = (int(o) for o in table.local_metadata.shard_offsets)
+        covered = 0
+        for piece, offsets in _pieces(weight):
+            covered += self._copy_overlap(WEIGHTS, piece, offsets, row0, col0, self.cols)
+        if ids is not None:
+            column = column_offsets(table.global_metadata).index(col0)
+            for piece, offsets in _pieces(ids):
+                self._copy_overlap(IDS, piece, offsets, row0, column, 1)
+        if covered != self.rows * self.cols:
+            raise ConfigError(
+                f"KEY_VALUE table {self.name!r}: the state_dict holds {covered} of the {self.rows * self.cols} values "
+                "of this rank's shard (another sharding plan or world size?); nothing was changed. Load it through "
+                "torch.distributed.checkpoint, which places rows by their offsets, or move the table with "
+                "torchrec_ascend.Saver"
+            )
+        self.settle()
+
+    def _copy_overlap(self, part: int, piece: torch.Tensor, offsets: Tuple[int, int], row0: int, col0: int,
+                      cols: int) -> int:
+        top, left = max(row0, offsets[0]), max(col0, offsets[1])
+        bottom = min(row0 + self.rows, offsets[0] + piece.shape[0])
+        right = min(col0 + cols, offsets[1] + piece.shape[1])
+        if bottom <= top or right <= left:
+            return 0
+        source = piece[top - offsets[0]:bottom - offsets[0], left - offsets[1]:right - offsets[1]]
+        RowWindow(self, part, top - row0, bottom - top, left - col0, right - left).copy_(source)
+        return (bottom - top) * (right - left)
+
+    # -- internals ----------------------------------------------------------------------------------------------------
+
+    def _size(self, part: int) -> int:
+        return self.rows * (1 if part == IDS else self._columns[part][1])
+
+    def _row_ids(self) -> torch.Tensor:
+        """The ID of each row of the shard (-1: none), enumerated once per view."""
+        if self._ids is None:
+            held = torch.cat(list(self.kernel.checkpoint.held_keys(self.t)))
+            if held.numel() > self.rows:
+                raise CapacityError(
+                    f"KEY_VALUE table {self.name!r}: this shard holds {held.numel()} IDs, more than its "
+                    f"{self.rows} rows of num_embeddings: raise num_embeddings to checkpoint it through state_dict()"
+                )
+            self._ids = torch.cat([held, torch.full((self.rows - held.numel(),), -1, dtype=torch.int64)])
+        return self._ids
+
+    # -- the ShardedTensors -------------------------------------------------------------------------------------------
+
+    def weight(self) -> ShardedTensor:
+        """``<table>.weight``: the table's rows in windows."""
+        table = self.info.table
+        return windowed(table.global_metadata, table.local_metadata,
+                        lambda r, n: RowWindow(self, WEIGHTS, r, n, 0, self.cols), self._weight_dtype,
+                        self.kernel.process_group)
+
+    def weight_id(self) -> ShardedTensor:
+        """``<table>.weight_id`` (hash tables): the ID of each row."""
+        table = self.info.table
+        local = id_metadata(table.global_metadata).shards_metadata[
+            table.global_metadata.shards_metadata.index(table.local_metadata)]
+        return windowed(id_metadata(table.global_metadata), local, lambda r, n: RowWindow(self, IDS, r, n, 0, 1),
+                        torch.int64, self.kernel.process_group)
+
+    def optimizer_state(self, k: int, cache_state: ShardedTensor) -> ShardedTensor:
+        """Optimizer state ``k`` sized by the table's rows, laid out as TorchRec lays out ``cache_state`` (the
+        device cache's state of the same table)."""
+        table = self.info.table
+        if self.info.state_shapes[k] != ():
+            return windowed(table.global_metadata, table.local_metadata,
+                            lambda r, n: RowWindow(self, 2 + k, r, n, 0, self.cols), torch.float32,
+                            self.kernel.process_group)
+        metadata, local = _rowwise_metadata(cache_state.metadata(), table.global_metadata,
+                                            table.local_metadata.placement.rank(), self.name)
+        return windowed(metadata, local, lambda r, n: RowWindow(self, 2 + k, r, n), torch.float32,
+                        self.kernel.process_group)
+
+
+class _Staging:
+    """A load's packed records by row, in an unlinked temporary file (no page of it counts as the process's memory),
+    and its IDs (hash tables) in memory, until the load is applied."""
+
+    def __init__(self, directory: Optional[str], rows: int, width: int, parts: int) -> None:
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix="torchrec-ascend-load-", dir=directory)
+        os.unlink(path)
+        self._fd, self._row_bytes = fd, 4 * width
+        self._width = width
+        os.ftruncate(fd, rows * self._row_bytes)
+        self.ids = torch.full((rows,), -1, dtype=torch.int64)
+        self.written = [0] * parts
+
+    def read(self, row0: int, rows: int) -> np.ndarray:
+        data = os.pread(self._fd, rows * self._row_bytes, row0 * self._row_bytes)
+        return np.frombuffer(bytearray(data), dtype=np.float32).reshape(rows, self._width)
+
+    def write(self, row0: int, records: np.ndarray) -> None:
+        os.pwrite(self._fd, np.ascontiguousarray(records, dtype=np.float32).tobytes(), row0 * self._row_bytes)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _pieces(value: Any) -> List[Tuple[torch.Tensor, Tuple[int, int]]]:
+    """A state_dict entry's local pieces and their global offsets (rows, columns)."""
+    if isinstance(value, ShardedTensor):
+        return [(s.tensor, (int(s.metadata.shard_offsets[0]), int(s.metadata.shard_offsets[1])))
+                for s in value.local_shards()]
+    return [(value, (0, 0))]
+
+
+def _rowwise_metadata(cache: ShardedTensorMetadata, table: ShardedTensorMetadata, rank: int,
+                      name: str) -> Tuple[ShardedTensorMetadata, ShardMetadata]:
+    """A row-wise optimizer state's metadata for the table's rows: TorchRec lays the cache's out as 1-D blocks, one per
+    table shard, one after the other; each block here has its shard's rows instead. Returns it and this rank's."""
+    rows_of: Dict[int, int] = {}
+    for shard in table.shards_metadata:
+        rank = shard.placement.rank()
+        if rank in rows_of:
+            raise ConfigError(f"KEY_VALUE table {name!r}: rank {rank} holds two of its shards; shard it so that each "
+                              "rank holds at most one (table_wise, row_wise, column_wise or table_row_wise)")
+        rows_of[rank] = int(shard.shard_sizes[0])
+    blocks, offset = [], 0
+    for shard in sorted(cache.shards_metadata, key=lambda m: int(m.shard_offsets[0])):
+        rows = rows_of[shard.placement.rank()]
+        blocks.append(ShardMetadata(shard_offsets=[offset], shard_sizes=[rows], placement=shard.placement))
+        offset += rows
+    metadata = ShardedTensorMetadata(blocks, torch.Size([offset]), cache.tensor_properties)
+    return metadata, next(b for b in blocks if b.placement.rank() == rank)
+
+
+class KernelViews:
+    """The :class:`TableView` s of one KEY_VALUE kernel, shared by every ``state_dict()`` call until the next batch
+    (so a model's and its optimizer's state_dicts agree row for row)."""
+
+    def __init__(self, kernel: KeyValueRows) -> None:
+        self.kernel = kernel
+        self._tables: Dict[int, TableView] = {}
+
+    def table(self, t: int) -> TableView:
+        if t not in self._tables:
+            self._tables[t] = TableView(self.kernel, t)
+        return self._tables[t]
+
+    def settle(self) -> None:
+        """Before rows move (a batch, a Saver save or load): apply pending loads, then start over."""
+        if not self._tables:
+            return
+        tables, self._tables = self._tables, {}
+        for view in tables.values():
+            view.settle()
+
+
+def views_of(kernel: KeyValueRows) -> KernelViews:
+    """The kernel's :class:`KernelViews`, made (and registered with the kernel and its optimizer) on first use."""
+    views = kernel.load_hook_owner()
+    if not isinstance(views, KernelViews):
+        views = KernelViews(kernel)
+        kernel.set_load_hook(views, views.settle)
+        _table_sized_optimizer(kernel.fused_optimizer, views)
+    return views
+
+
+def key_value_shards(module: torch.nn.Module) -> Dict[str, Tuple[KeyValueRows, int]]:
+    """Table name -> this rank's (kernel, table index) shard of each KEY_VALUE table of a sharded collection.
+
+    Raises:
+        ConfigError: a rank holds two shards of one KEY_VALUE table.
+    """
+    shards: Dict[str, Tuple[KeyValueRows, int]] = {}
+    for kernel in sharded_kernels(module):
+        if isinstance(kernel, KeyValueRows):
+            for t in range(kernel.num_tables):
+                name = kernel.shard_info(t).name
+                if name in shards:
+                    raise ConfigError(f"KEY_VALUE table {name!r}: this rank holds two of its shards; shard it so that "
+                                      "each rank holds at most one")
+                shards[name] = (kernel, t)
+    return shards
+
+
+def _table_sized_optimizer(optimizer: Any, views: KernelViews) -> None:
+    """Make ``optimizer.state`` (TorchRec's fused optimizer of the kernel, read by ``state_dict()`` and
+    ``load_state_dict()``) give the table-sized views of the states instead of the device cache's."""
+    if isinstance(optimizer, _TableSizedState):
+        return
+    optimizer.__class__ = type(f"TableSized{type(optimizer).__name__}", (_TableSizedState, type(optimizer)), {})
+    optimizer._table_views = views
+
+
+class _TableSizedState:
+    """Mixed into a KEY_VALUE kernel's fused optimizer: ``state`` maps each table's states to table-sized views."""
+
+    _table_views: KernelViews
+
+    @property
+    def state(self) -> Dict[Any, Dict[str, Any]]:
+        cache_states = self.__dict__["state"]
+        kernel = self._table_views.kernel
+        names = [kernel.shard_info(t).name for t in range(kernel.num_tables)]
+        out: Dict[Any, Dict[str, Any]] = {}
+        for param, states in cache_states.items():
+            out[param] = {}
+            for name, value in states.items():
+                t = next((t for t, table in enumerate(names) if name.startswith(table + ".")), None)
+                if t is None or not isinstance(value, ShardedTensor):
+                    out[param][name] = value
+                    continue
+                k = [n for n in states if n.startswith(names[t] + ".")].index(name)
+                out[param][name] = self._table_views.table(t).optimizer_state(k, value)
+        return out
+
+    @state.setter
+    def state(self, value: Dict[Any, Dict[str, Any]]) -> None:
+        self.__dict__["state"] = value
+
+
+def add_key_value_entries(module: torch.nn.Module, destination: Dict[str, Any], prefix: str, attr: str) -> None:
+    """State-dict hook part: each KEY_VALUE table's ``weight`` (and a hash table's ``weight_id``) as windows over its
+    rows in every tier."""
+    for name, (kernel, t) in key_value_shards(module).items():
+        key = f"{prefix}{attr}.{name}.weight"
+        if key not in destination:
+            continue
+        view = views_of(kernel).table(t)
+        destination[key] = view.weight()
+        if view.layout.hash_ids:
+            destination[f"{prefix}{attr}.{name}.weight_id"] = view.weight_id()
+
+
+def load_key_value_entries(module: torch.nn.Module, state_dict: Dict[str, Any], prefix: str, attr: str) -> List[str]:
+    """Load-state-dict pre-hook part: load each KEY_VALUE table's rows from ``state_dict`` (its ``weight_id`` is
+    taken out). Returns the weight keys handled (the caller keeps them from the stock hook).
+
+    Raises:
+        ConfigError: a hash table's rows without their IDs, or as :meth:`TableView.load`.
+    """
+    handled = []
+    for name, (kernel, t) in key_value_shards(module).items():
+        key = f"{prefix}{attr}.{name}.weight"
+        ids = state_dict.pop(f"{prefix}{attr}.{name}.weight_id", None)
+        if key not in state_dict:
+            continue
+        view = views_of(kernel).table(t)
+        if view.layout.hash_ids and ids is None:
+            refuse_rows_without_ids(state_dict, f"{prefix}{attr}.{name}", name)
+            continue  # an unsharded module's untrained table (TorchRec loads it when it shards the module)
+        view.load(state_dict[key], ids)
+        handled.append(key)
+    return handled
