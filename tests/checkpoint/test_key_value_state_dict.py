@@ -1,0 +1,170 @@
+"""KEY_VALUE tables in stock state_dict() (one rank): torch.distributed.checkpoint round trips every row from every
+tier with its optimizer state, in-place writes reach the tiers, and incomplete or misplaced loads are refused with
+the model unchanged. The oracle is the saved model itself (eval lookups read whichever tier holds a row), and two
+more training steps on both. The 2-rank round trips (2 -> 2, 2 -> 1) are in the conformance checkpoint script."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Iterator
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+import torchrec
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
+from torchrec_ascend.checkpoint.sharded import WINDOW_BYTES
+from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.kernels.key_value import cache_metrics
+
+pytestmark = pytest.mark.usefixtures("one_rank_group")
+ROWS, DIM = 256, 8
+
+
+@pytest.fixture
+def disk() -> Iterator[str]:
+    with tempfile.TemporaryDirectory() as directory:
+        yield directory
+
+
+def model(disk: str, rows: int = ROWS) -> DistributedModelParallel:
+    torch.manual_seed(0)
+    ebc = torchrec.EmbeddingBagCollection(tables=[
+        HashEmbeddingBagConfig(name="user", embedding_dim=DIM, num_embeddings=rows, feature_names=["uid"],
+                               init_seed=3),
+        torchrec.EmbeddingBagConfig(name="plain", embedding_dim=DIM, num_embeddings=rows, feature_names=["p"]),
+    ])
+    apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.1})
+    sharders = get_default_hybrid_sharders()
+    constraints = {name: ParameterConstraints(
+        sharding_types=["table_wise"], compute_kernels=["key_value"], cache_params=CacheParams(load_factor=0.05),
+        key_value_params=KeyValueParams(l2_cache_size=2e-6, ssd_storage_directory=disk)) for name in ("user", "plain")}
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"),
+                                    constraints=constraints).plan(ebc, sharders)
+    return DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(torch.distributed.group.WORLD),
+                                    device=torch.device("cpu"), plan=plan, sharders=sharders)
+
+
+def batch(seed: int) -> KeyedJaggedTensor:
+    gen = torch.Generator().manual_seed(seed)
+    users = torch.randint(0, 120, (6,), generator=gen) * 1_000_003 + 2**40
+    plain = torch.randint(0, ROWS, (6,), generator=gen)
+    return KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=torch.cat([users, plain]),
+                                               lengths=torch.ones(12, dtype=torch.long))
+
+
+def train(dmp: DistributedModelParallel, steps: range) -> None:
+    dmp.train()
+    for step in steps:
+        dmp(batch(step)).values().sum().backward()
+
+
+def lookups(dmp: DistributedModelParallel, steps: range) -> torch.Tensor:
+    dmp.eval()
+    with torch.no_grad():
+        out = torch.cat([dmp(batch(step)).values() for step in steps])
+    dmp.train()
+    return out
+
+
+def both(dmp: DistributedModelParallel) -> dict:
+    return {"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()}
+
+
+def test_dcp_round_trip_restores_every_tier_and_trains_on_identically(disk: str) -> None:
+    saved = model(disk)
+    train(saved, range(40))
+    tiers = cache_metrics(saved)["user"]
+    assert tiers["disk_rows"] > 0 and tiers["host_rows"] > 0, "the rows must live in every tier for this to prove much"
+    dcp.save(both(saved), checkpoint_id=f"{disk}/ckpt")
+    loaded = model(disk)
+    state = both(loaded)
+    dcp.load(state, checkpoint_id=f"{disk}/ckpt")
+    loaded.load_state_dict(state["model"])
+    loaded.fused_optimizer.load_state_dict(state["optim"])
+    assert torch.equal(lookups(loaded, range(40)), lookups(saved, range(40)))
+    train(saved, range(40, 42))
+    train(loaded, range(40, 42))  # optimizer state came back too: the next updates agree bit for bit
+    assert torch.equal(lookups(loaded, range(42)), lookups(saved, range(42)))
+
+
+def test_state_dict_entries_are_table_sized_windows(disk: str) -> None:
+    dmp = model(disk, rows=400_000)
+    train(dmp, range(3))
+    state = both(dmp)
+    weight = state["model"]["embedding_bags.user.weight"]
+    assert tuple(weight.size()) == (400_000, DIM)
+    assert len(weight.local_shards()) > 1, "a shard larger than a window must be cut into windows"
+    assert all(s.tensor.numel() * 4 <= WINDOW_BYTES for s in weight.local_shards())
+    momentum = state["optim"]["state"]["embedding_bags.user.weight"]["user.momentum1"]
+    assert tuple(momentum.size()) == (400_000,), "the optimizer state is the table's, not the device cache's"
+    ids = torch.cat([s.tensor.clone() for s in state["model"]["embedding_bags.user.weight_id"].local_shards()])
+    held = ids[ids >= 0]
+    assert held.numel() == torch.unique(held).numel() > 0, "every ID once"
+
+
+def test_in_place_copy_writes_through_to_the_tiers(disk: str) -> None:
+    # TorchRec's test harness sets a sharded model's weights by copy_ into its state_dict tensors.
+    dmp = model(disk)
+    train(dmp, range(5))
+    weights = torch.randn(ROWS, DIM)
+    for shard in dmp.state_dict()["embedding_bags.plain.weight"].local_shards():
+        rows = slice(shard.metadata.shard_offsets[0], shard.metadata.shard_offsets[0] + shard.tensor.shape[0])
+        shard.tensor.copy_(weights[rows])
+    dmp.eval()
+    with torch.no_grad():
+        ids = torch.arange(ROWS)
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=torch.cat([torch.zeros(0).long(), ids]),
+                                                  lengths=torch.cat([torch.zeros(ROWS).long(), torch.ones(ROWS).long()]))
+        out = dmp(kjt).values()[:, DIM:]
+    assert torch.equal(out, weights)
+
+
+def test_a_partial_load_is_refused_and_leaves_the_table_as_it_was(disk: str) -> None:
+    dmp = model(disk)
+    train(dmp, range(10))
+    before = lookups(dmp, range(10))
+    shard = dmp.state_dict()["embedding_bags.plain.weight"].local_shards()[0]
+    shard.tensor.narrow(0, 0, 10).copy_(torch.zeros(10, DIM))  # 10 of 256 rows
+    with pytest.raises(ConfigError, match=r"'plain'.*gave 80 of the 2048 values.*nothing was changed"):
+        train(dmp, range(10, 11))
+    assert torch.equal(lookups(dmp, range(10)), before)
+
+
+def test_hash_rows_without_their_ids_are_refused(disk: str) -> None:
+    trained = model(disk)
+    train(trained, range(5))
+    state = trained.state_dict()
+    del state["embedding_bags.user.weight_id"]
+    with pytest.raises(ConfigError, match=r"'user'.*without the ID of each row"):
+        model(disk).load_state_dict(state)
+
+
+def test_an_id_loaded_twice_is_refused_and_leaves_the_table_as_it_was(disk: str) -> None:
+    dmp = model(disk)
+    train(dmp, range(5))
+    before = lookups(dmp, range(5))
+    state = dmp.state_dict()
+    ids = torch.full((ROWS, 1), -1, dtype=torch.int64)
+    ids[:2] = 5
+    for shard in state["embedding_bags.user.weight"].local_shards():
+        shard.tensor.copy_(torch.zeros(shard.tensor.shape))
+    for shard in state["embedding_bags.user.weight_id"].local_shards():
+        row0 = shard.metadata.shard_offsets[0]
+        shard.tensor.copy_(ids[row0:row0 + shard.tensor.shape[0]])
+    with pytest.raises(ConfigError, match=r"'user'.*an ID twice.*nothing was changed"):
+        train(dmp, range(5, 6))
+    assert torch.equal(lookups(dmp, range(5)), before)
+
+
+def test_in_place_ops_other_than_copy_are_refused(disk: str) -> None:
+    window = model(disk).state_dict()["embedding_bags.plain.weight"].local_shards()[0].tensor
+    with pytest.raises(RuntimeError, match="only copy_ writes through"):
+        window.add_(1.0)
