@@ -63,7 +63,7 @@ def test_sharding_grid_is_exactly_what_the_device_supports(profile: FakeProfile,
     cases = C.sharding_cases(profile, world, quick=False)
     assert runnable_grid(cases) == expected_grid(profile, C.STOCK_SHARDING_TYPES)
     hash_cases = C.hash_table_cases(profile, world, quick=False)
-    extras = ("dedup", "state_dict", "variant")  # zip below pairs the first two with their module kinds
+    extras = ("dedup", "state_dict", "variant", "promise")  # zip below pairs the first two with their module kinds
     assert runnable_grid([c for c in hash_cases if not any(k in c.params for k in extras)]) == expected_grid(
         profile, C.HASH_SHARDING_TYPES)
     rowwise = "EXACT_ROWWISE_ADAGRAD" in profile.fused_optimizers

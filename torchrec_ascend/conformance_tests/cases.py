@@ -49,6 +49,13 @@ TINY_CACHE = {"cache_rows": 64, "host_kb": 8}
 HASH_VARIANTS = {"ebc": ("mean", "weighted", "int32", "eval"), "ec": ("eval",)}
 KEY_VALUE_VARIANTS = {"ebc": ("mean", "weighted", "mixed_dims", "fp16", "int32", "vbe", "empty_rank", "eval"),
                       "ec": ("eval",)}
+#: Pins are released after each batch's backward: KEY_VALUE behind HybridTrainPipelineSparseDist on one rank (a batch
+#: that fails on one rank of several would leave the others waiting in a collective until the group's timeout), a
+#: cache of 20 rows (a batch of ``plugin/key_value.py`` brings at most 19 distinct rows to a table, 11.5 on average),
+#: at these depths (1 to 12 are supported: no overlap, the shallow ones and the deepest), for ``steps`` batches: a
+#: pin that outlives its batch fills the cache within a few batches (a CapacityError).
+PIN_RELEASE = {"cache_rows": 20, "host_kb": 8}
+PIN_RELEASE_DEPTHS, PIN_RELEASE_STEPS = (1, 2, 3, 12), 200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,31 +177,72 @@ def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     cases = _grid(profile, world_size, HASH_SHARDING_TYPES, lambda *_: {})
     runnable = [c for c in cases if not c.skip and c.params["optimizer"] == "rowwise_adagrad"]
     dedup = [Case({**c.params, "dedup": "index_dedup"}, c.expect) for c in runnable if c.params["kind"] == "ec"]
+    reused = reused_row_cases(profile)
     if quick:
         return (_quick(cases, ("ebc-row_wise-rowwise_adagrad",))
-                + _quick(dedup, ("ec-row_wise-rowwise_adagrad-index_dedup",)))
+                + _quick(dedup, ("ec-row_wise-rowwise_adagrad-index_dedup",)) + reused)
     state_dict = [Case({**c.params, "state_dict": c.params["sharding_type"]}) for c in runnable
                   if c.params["kind"] == "ebc"]
-    return cases + dedup + state_dict + _variants(cases, HASH_VARIANTS)
+    return cases + dedup + state_dict + _variants(cases, HASH_VARIANTS) + reused
+
+
+def reused_row_cases(profile: Any) -> List[Case]:
+    """A reused row starts with fresh optimizer state (``plugin/reused_rows.py``): one case per hash kernel the
+    device offers (FUSED, KEY_VALUE), row-wise Adagrad, row-wise (else table-wise) sharding; in quick runs too.
+
+    Example::
+
+        [c.id for c in reused_row_cases(profile_for("cpu"))]
+        # ['reused_row-ebc-row_wise-fused-rowwise_adagrad', 'reused_row-ebc-row_wise-key_value-rowwise_adagrad']
+    """
+    types = [t for t in ("row_wise", "table_wise") if t in profile.sharding_types]
+    kernels = [k for k in ("fused", "key_value") if k in profile.compute_kernels]
+    cases = [Case({"promise": "reused_row", "kind": "ebc", "sharding_type": types[0] if types else "row_wise",
+                   "kernel": kernel, "optimizer": "rowwise_adagrad"})
+             for kernel in kernels or ["fused"]]
+    why = ("EXACT_ROWWISE_ADAGRAD (the optimizer state a reused row must not inherit) is not supported on "
+           f"{profile.device_type}" if "EXACT_ROWWISE_ADAGRAD" not in profile.fused_optimizers
+           else "" if types and kernels else
+           f"{profile.device_type} offers neither row_wise nor table_wise sharding with a hash kernel")
+    return [dataclasses.replace(c, skip=why) for c in cases]
 
 
 def key_value_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     """KEY_VALUE with a tiny cache over host memory over disk vs. FUSED, bit for bit.
 
     Skipped as a whole when the device's profile has no ``key_value`` kernel. The full run adds one long case that
-    must spill rows to disk, and the :data:`KEY_VALUE_VARIANTS`. ``quick``: one pooled row-wise case.
+    must spill rows to disk, and the :data:`KEY_VALUE_VARIANTS`; both add the pin-release cases behind the hybrid
+    pipeline (:func:`_pin_release_cases`). ``quick``: one pooled row-wise case and one pin-release case.
     """
     if "key_value" not in profile.compute_kernels:
         return [Case({"kernel": "key_value"}, skip=f"the key_value kernel is not offered on {profile.device_type}")]
     steps = 12 if quick else 30  # the tiny cache is full after a few steps: both swap ways happen by step 12
     cases = _grid(profile, world_size, KEY_VALUE_SHARDING_TYPES, lambda *_: {"steps": steps, **TINY_CACHE})
+    pins = _pin_release_cases(cases, quick)
     if quick:
-        return _quick(cases, (f"ebc-row_wise-adagrad-{steps}-64-8",))
+        return _quick(cases, (f"ebc-row_wise-adagrad-{steps}-64-8",)) + pins
     long = [c for c in cases if not c.skip and c.params["kind"] == "ebc" and c.params["sharding_type"] == "row_wise"]
     if long:
         params = {**long[-1].params, "steps": 400}
         cases.append(Case(params, {**long[-1].expect, "disk_rows": True}))
-    return cases + _variants([c for c in cases if c.params.get("steps") != 400], KEY_VALUE_VARIANTS)
+    return cases + _variants([c for c in cases if c.params.get("steps") != 400], KEY_VALUE_VARIANTS) + pins
+
+
+def _pin_release_cases(cases: List[Case], quick: bool) -> List[Case]:
+    """KEY_VALUE behind the hybrid pipeline with a cache barely larger than one batch (:data:`PIN_RELEASE`), at
+    each of :data:`PIN_RELEASE_DEPTHS` (``quick``: depth 2, 40 batches), on the first runnable row-wise pooled case
+    (row-wise Adagrad preferred); ``expect["trained"]``: the batches that must train, ``expect["ranks"]``: 1 (the
+    check launches them on one rank)."""
+    base = [c for c in cases if not c.skip and c.params["kind"] == "ebc" and c.params["sharding_type"] == "row_wise"]
+    base.sort(key=lambda c: c.params["optimizer"] != "rowwise_adagrad")
+    if not base:
+        return []
+    depths, steps = ((2,), 40) if quick else (PIN_RELEASE_DEPTHS, PIN_RELEASE_STEPS)
+    return [
+        Case({"kind": "pipeline", "sharding_type": "row_wise", "optimizer": base[0].params["optimizer"],
+              "steps": steps, "depth": depth, **PIN_RELEASE}, {"trained": steps, "ranks": 1})
+        for depth in depths
+    ]
 
 
 def pipeline_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:

@@ -3,7 +3,8 @@
 Runs ``plugin/hash_tables.py``: raw 63-bit IDs with repeats through stock collections of hash table configs, with
 the FUSED kernel; also ``use_index_dedup`` and stock ``state_dict()`` round trips. Oracles: the unsharded hash
 collection on the global batch, and a plain-Python ``ID -> row`` model with the same deterministic initialisation
-and the optimizer written out.
+and the optimizer written out. The ``reused_row`` cases: an ID that takes over an evicted ID's row (FUSED and
+KEY_VALUE, row-wise Adagrad) trains exactly as a brand-new row in plain Python.
 """
 
 from __future__ import annotations
@@ -29,6 +30,14 @@ pytest_generate_tests, run = script_check(SCRIPT, cases_of)
 
 def test_case(case: Case, request: Any) -> None:
     r = result_of(request, "run", case)
+    if case.params.get("promise") == "reused_row":  # an ID taking over an evicted ID's row trains as a new row
+        assert r["full"] and r["reused"] >= r["new_ids"] > 0, (
+            f"the shards were not full ({r['full']}) or the new IDs took no evicted rows ({r['reused']} evicted for "
+            f"{r['new_ids']} new IDs): the case proves nothing")
+        assert r["row_err"] <= TOLERANCE and r["fwd_err"] <= TOLERANCE, (
+            f"an ID on a reused row does not train as a new row (fresh initial value, zero optimizer state): its "
+            f"outputs differ from the plain-Python oracle by {r['fwd_err']}, its final row by {r['row_err']}")
+        return
     if "state_dict" in case.params:  # state_dict() and the fused optimizer's through DCP, into the same plan
         assert not r["load_error"], r["load_error"]
         assert r["row_err"] == 0.0 and r["fwd_err"] == 0.0, (

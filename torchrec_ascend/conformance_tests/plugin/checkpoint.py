@@ -13,6 +13,8 @@ budget: rows live in all three tiers. A case is one of:
   ``world_size`` ranks with that layout and kernel for the hash tables, loads ``D/ckpt``, and trains on.
 * ``{"action": "round_trip", <save fields>, "load_sharding_type", "load_kernel", "load_world_size"}``: both, in a
   temporary directory (what the conformance suite runs; :func:`conformance_cases`).
+* ``{"action": "gone_ids", ...}``: an ID that leaves a shard between a full and an incremental save stays gone after
+  the chain is loaded, same layout and resharded (``plugin/gone_ids.py``).
 * ``{"action": "dense"}``: the two checkpoint paths together: a dense layer over a FUSED hash table and a plain FUSED
   table, the hash table through the Saver, the rest through torch.distributed.checkpoint with
   :func:`~torchrec_ascend.checkpoint.dense_state_dict`, loaded into a model with other dense weights. Reports
@@ -50,6 +52,7 @@ from torchrec_ascend.checkpoint import Saver, dense_state_dict
 from torchrec_ascend.checkpoint.saver import local_shards
 from torchrec_ascend.checkpoint.stock import saver_keys
 from torchrec_ascend.conformance_tests.launch import script_device
+from torchrec_ascend.conformance_tests.plugin import gone_ids
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, rows_of
 from torchrec_ascend.conformance_tests.plugin.runner import main, residency, shared_directory
 
@@ -80,7 +83,8 @@ def conformance_cases(world_size: int, quick: bool) -> List[Dict[str, Any]]:
         round_trip_case("ebc", "column_wise", "fused", "adagrad", "default", "table_wise", "key_value", 1),
         round_trip_case("ec", spread, "key_value", "sgd", "default", "table_wise", "fused", world_size),
     ]
-    return cases[1:3] if quick else cases + [{"action": "dense"}]
+    gone = {"action": "gone_ids", "kind": "ebc", "sharding_type": spread, "kernel": "fused", "load_world_size": 1}
+    return cases[1:3] + [gone] if quick else cases + [{"action": "dense"}, gone]
 
 
 def check_result(result: Dict[str, Any]) -> None:
@@ -91,6 +95,17 @@ def check_result(result: Dict[str, Any]) -> None:
         assert result["saver_keys"] == ["ebc.embedding_bags.user.weight", "ebc.embedding_bags.user.weight_id"], (
             result["saver_keys"])
         assert {"dense.weight", "dense.bias", "ebc.embedding_bags.plain.weight"} == set(result["dcp_keys"])
+        return
+    if result["action"] == "gone_ids":  # no resurrection from the full save (plugin/gone_ids.py)
+        assert result["gone"] > 0 and result["save_kinds"] == ["full", "incremental"], (
+            f"{result['gone']} IDs left the shards between saves {result['save_kinds']}: the case proves nothing")
+        for load in ("same", "resharded"):
+            assert result[f"{load}_resurrected"] == 0 and result[f"{load}_lost"] == 0, (
+                f"loading the chain ({load} layout) holds {result[f'{load}_resurrected']} IDs the model did not hold "
+                f"at the incremental save (IDs that left after the full save came back) and lacks "
+                f"{result[f'{load}_lost']} it held")
+            assert result[f"{load}_rows_err"] == 0.0, (
+                f"rows loaded ({load} layout) differ from the saved ones by {result[f'{load}_rows_err']}")
         return
     if result["action"] == "save":
         assert result["saved_ids"] > 0, "the save case trained no IDs"
@@ -388,6 +403,8 @@ def run_case(case: Dict[str, Any], world: Any) -> Dict[str, Any]:
     action = case["action"]
     if action == "dense":
         return dense_action(world)
+    if action == "gone_ids":
+        return gone_ids.run(case, world)
     if action == "save":
         return save_action(case, world, case["dir"])
     if action == "load":

@@ -24,6 +24,9 @@ A case with ``"state_dict": <sharding type>`` instead checks the stock checkpoin
 ``state_dict()`` and the fused optimizer's with torch.distributed.checkpoint, load them into the model sharded the
 given way, train both on. Reported: ``load_error`` (a refused load's message), ``fwd_err`` and ``row_err`` against
 the model that never stopped.
+
+A case with ``"promise": "reused_row"`` checks that an ID taking over an evicted ID's row trains as a new row (FUSED
+or KEY_VALUE, row-wise Adagrad): see ``plugin/reused_rows.py``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
+from torchrec_ascend.conformance_tests.plugin import reused_rows
 from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency, shared_directory
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import ColumnShardRowWiseAdagrad
 from torchrec_ascend.errors import ConfigError
@@ -309,6 +313,8 @@ def state_dict_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
 def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     if "state_dict" in case:
         return state_dict_case(case, pg)
+    if case.get("promise") == "reused_row":
+        return reused_rows.run(case, pg)
     rank, world = pg.rank(), pg.size()
     kind, sharding_type, variant = case["kind"], case["sharding_type"], case.get("variant", "")
     opt_cls, opt_kwargs = OPTIMIZERS[case["optimizer"]]
@@ -402,4 +408,5 @@ def _column_block(dmp: Any) -> Any:
 
 
 if __name__ == "__main__":
-    main(__doc__, run_case, worst=("fwd_err_unsharded", "fwd_err_python", "row_err_unsharded", "row_err_python"))
+    main(__doc__, run_case, worst=("fwd_err_unsharded", "fwd_err_python", "row_err_unsharded", "row_err_python",
+                                   "fwd_err", "row_err"))

@@ -8,6 +8,10 @@ the model or the batches: ``"mean"`` (MEAN pooling), ``"weighted"`` (per-sample 
 of dims 8 and 16), ``"fp16"`` (FP16 tables), ``"int32"`` (int32 IDs and lengths), ``"vbe"`` (a variable batch
 size per feature, ``stride_per_key_per_rank``), ``"empty_rank"`` (the last rank's batches have no samples) or
 ``"eval"`` (after training, eval-mode forwards under ``torch.no_grad()`` of batches larger than the cache).
+``{"kind": "pipeline", ..., "depth": D}`` instead trains a ranker (hash EBC and a linear head) whose KEY_VALUE copy
+runs behind ``HybridTrainPipelineSparseDist`` at depth ``D`` (rows swapped in ahead on a host thread, each batch's
+rows pinned while it is in flight) against the FUSED copy in a plain loop; it also reports ``trained``, the batches
+the pipeline trained (a pin never released ends the run early with a CapacityError).
 Reported: the largest forward difference over all steps and the largest final row difference (both must be exactly
 0), and the cache counters (evictions, rows swapped out and in, rows on disk) so a case that never swapped cannot
 pass unnoticed. Both models and their batches live on the suite's device (the host and disk tiers on the host, by
@@ -177,6 +181,7 @@ def run_pipeline_case(case: Dict[str, Any], pg: Any, directory: str) -> Dict[str
     return {
         "fwd_err": dense_err,
         "row_err": max_row_diff(sharded_rows(fused, pg), sharded_rows(cached, pg)),
+        "trained": len(outputs),
         "prefetched": sum(k.prefetched_batches for k in kernels),
         "kernels": len(kernels),
         **{k: sum(m[k] for m in metrics.values()) for k in ("evicted", "swapped_out", "swapped_in", "disk_rows")},
