@@ -120,9 +120,8 @@ def test_in_place_copy_writes_through_to_the_tiers(disk: str) -> None:
         shard.tensor.copy_(weights[rows])
     dmp.eval()
     with torch.no_grad():
-        ids = torch.arange(ROWS)
-        kjt = KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=torch.cat([torch.zeros(0).long(), ids]),
-                                                  lengths=torch.cat([torch.zeros(ROWS).long(), torch.ones(ROWS).long()]))
+        lengths = torch.cat([torch.zeros(ROWS), torch.ones(ROWS)]).long()
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=torch.arange(ROWS), lengths=lengths)
         out = dmp(kjt).values()[:, DIM:]
     assert torch.equal(out, weights)
 

@@ -45,7 +45,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensor
 
 from torchrec_ascend.checkpoint.layout import ShardLayout
 from torchrec_ascend.checkpoint.row_window import RowWindow
-from torchrec_ascend.checkpoint.sharded import WINDOW_BYTES, column_offsets, id_metadata, windowed
+from torchrec_ascend.checkpoint.sharded import WINDOW_BYTES, column_offsets, id_metadata, rank_of, windowed
 from torchrec_ascend.checkpoint.stock import refuse_rows_without_ids
 from torchrec_ascend.errors import CapacityError, ConfigError
 from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
@@ -176,7 +176,8 @@ class TableView:
                 )
         keys = staging.ids if self.layout.hash_ids else torch.arange(self.rows)
         held = keys >= 0
-        self._check_ids(keys[held])
+        if self.layout.hash_ids:
+            self._check_ids(keys[held])
         keep = torch.zeros(self.width, dtype=torch.bool)  # columns loaded; the others (states) start fresh
         for part in loaded:
             if part != IDS:
@@ -290,7 +291,7 @@ class TableView:
                             lambda r, n: RowWindow(self, 2 + k, r, n, 0, self.cols), torch.float32,
                             self.kernel.process_group)
         metadata, local = _rowwise_metadata(cache_state.metadata(), table.global_metadata,
-                                            table.local_metadata.placement.rank(), self.name)
+                                            rank_of(table.local_metadata), self.name)
         return windowed(metadata, local, lambda r, n: RowWindow(self, 2 + k, r, n), torch.float32,
                         self.kernel.process_group)
 
@@ -335,18 +336,18 @@ def _rowwise_metadata(cache: ShardedTensorMetadata, table: ShardedTensorMetadata
     table shard, one after the other; each block here has its shard's rows instead. Returns it and this rank's."""
     rows_of: Dict[int, int] = {}
     for shard in table.shards_metadata:
-        rank = shard.placement.rank()
+        rank = rank_of(shard)
         if rank in rows_of:
             raise ConfigError(f"KEY_VALUE table {name!r}: rank {rank} holds two of its shards; shard it so that each "
                               "rank holds at most one (table_wise, row_wise, column_wise or table_row_wise)")
         rows_of[rank] = int(shard.shard_sizes[0])
     blocks, offset = [], 0
     for shard in sorted(cache.shards_metadata, key=lambda m: int(m.shard_offsets[0])):
-        rows = rows_of[shard.placement.rank()]
+        rows = rows_of[rank_of(shard)]
         blocks.append(ShardMetadata(shard_offsets=[offset], shard_sizes=[rows], placement=shard.placement))
         offset += rows
     metadata = ShardedTensorMetadata(blocks, torch.Size([offset]), cache.tensor_properties)
-    return metadata, next(b for b in blocks if b.placement.rank() == rank)
+    return metadata, next(b for b in blocks if rank_of(b) == rank)
 
 
 class KernelViews:
@@ -377,7 +378,7 @@ def views_of(kernel: KeyValueRows) -> KernelViews:
     if not isinstance(views, KernelViews):
         views = KernelViews(kernel)
         kernel.set_load_hook(views, views.settle)
-        _table_sized_optimizer(kernel.fused_optimizer, views)
+        _table_sized_optimizer(kernel.fused_optimizer, views)  # type: ignore[attr-defined]  # TorchRec kernel's
     return views
 
 

@@ -55,8 +55,8 @@ class RowWindow(torch.Tensor):
     def __new__(cls, source: RowSource, part: int, row0: int, rows: int, col0: int = 0,
                 cols: Optional[int] = None) -> "RowWindow":
         shape = (rows,) if cols is None else (rows, cols)
-        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]  # torch's documented way
-            cls, shape, dtype=source.dtype(part), device="cpu", requires_grad=False, storage_size=0
+        return torch.Tensor._make_wrapper_subclass(
+            cls, shape, dtype=source.dtype(part), device=torch.device("cpu"), requires_grad=False, storage_size=0
         )
 
     def __init__(self, source: RowSource, part: int, row0: int, rows: int, col0: int = 0,
@@ -92,7 +92,7 @@ class RowWindow(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]  # func first
         kwargs = kwargs or {}
         if func in (_aten.detach.default, _aten.alias.default):
             return args[0]._sub(0, 0, args[0].shape[0])  # a view: a new window over the same rows

@@ -24,9 +24,16 @@ def window_rows(shard: ShardMetadata) -> int:
     return max(1, WINDOW_BYTES // row_bytes)
 
 
+def rank_of(shard: ShardMetadata) -> int:
+    """The rank holding ``shard`` (TorchRec always places its shards)."""
+    placement = shard.placement
+    assert placement is not None and placement.rank() is not None, f"an unplaced shard: {shard}"
+    return int(placement.rank())  # type: ignore[arg-type]  # checked just above
+
+
 def host_placement(shard: ShardMetadata) -> Any:
     """``shard``'s rank, on its host: a KEY_VALUE table's rows live in host and disk tiers whatever the device."""
-    return torch.distributed._remote_device(f"rank:{shard.placement.rank()}/cpu")
+    return torch.distributed._remote_device(f"rank:{rank_of(shard)}/cpu")
 
 
 def windowed(
@@ -47,7 +54,7 @@ def windowed(
     local_shards: List[Shard] = []
     for shard in global_metadata.shards_metadata:
         rows, step = int(shard.shard_sizes[0]), window_rows(shard)
-        is_local = shard.placement.rank() == local.placement.rank() and \
+        is_local = rank_of(shard) == rank_of(local) and \
             list(shard.shard_offsets) == list(local.shard_offsets)
         for row0 in range(0, rows, step):
             n = min(step, rows - row0)
