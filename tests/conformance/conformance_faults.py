@@ -23,6 +23,15 @@ Faults in torchrec-ascend's own parts:
   back for the wrong IDs.
 * ``transfer_dropped``: the hash kernels hand the TBE the batch's rows on the host, not on the kernel's device
   (the host-to-device copy is dropped): harmless on the CPU, an error on any other device.
+* ``fresh_state_fused``: a FUSED pool gives a row handed to a new ID its initial value but keeps the optimizer state
+  of the ID that held it before.
+* ``fresh_state_key_value``: the KEY_VALUE tier does the same for a new ID arriving in a cache row (the state of
+  the row's previous ID stays).
+* ``pins_kept``: the ID mapper never releases the pins of the batch in compute (its lookup forgets them instead
+  of releasing them when the next batch's lookup comes).
+* ``saver_removed``: an incremental save records no IDs that left a shard since the previous save.
+
+``TORCHREC_ASCEND_TEST_FAULT`` may name several faults, comma-separated (of different modules).
 """
 
 from __future__ import annotations
@@ -174,6 +183,60 @@ def _transfer_dropped_patch() -> None:
     IdMapper.map_on_host = map_on_host
 
 
+def _fresh_state_fused_patch() -> None:
+    from torchrec_ascend.kernels.pool import Pool
+
+    def initialise(self: Any, t: int, assignment: Any) -> None:
+        weights = self._tbe.weights(t)
+        with torch.no_grad():  # the initial values, but the optimizer states are left as they were
+            weights[assignment.new_slots.to(weights.device)] = self.initial_rows(t, assignment.new_ids).to(
+                dtype=weights.dtype, device=weights.device)
+
+    Pool.initialise = initialise
+
+
+def _fresh_state_key_value_patch() -> None:
+    from torchrec_ascend.kernels.key_value.tier import HostDiskTier
+
+    original = HostDiskTier.arrived
+
+    def arrived(self: Any, t: int, assignment: Any) -> None:
+        stale = self._pool.pack(t, assignment.new_slots)  # the rows' previous IDs' weights and state
+        known = self.stores[t].contains(assignment.new_ids)
+        original(self, t, assignment)
+        fresh = ~known
+        if bool(fresh.any()):
+            rows = self._pool.pack(t, assignment.new_slots)
+            rows[fresh, self._pool.cols(t):] = stale[fresh, self._pool.cols(t):]
+            self._pool.unpack(t, assignment.new_slots, rows)
+
+    HostDiskTier.arrived = arrived
+
+
+def _pins_kept_patch() -> None:
+    from torchrec_ascend.kernels.id_mapper import IdMapper
+
+    original = IdMapper.lookup
+
+    def lookup(self: Any, features: Any) -> Any:
+        self._in_compute = []  # the previous batch's pins are forgotten, never released
+        return original(self, features)
+
+    IdMapper.lookup = lookup
+
+
+def _saver_removed_patch() -> None:
+    from torchrec_ascend.kernels.fused import HashRows
+
+    original = HashRows.export_shard
+
+    def export_shard(self: Any, t: int, changed_only: bool = False) -> Any:
+        blocks, removed = original(self, t, changed_only)
+        return blocks, removed[:0]
+
+    HashRows.export_shard = export_shard
+
+
 FAULTS = {
     "bucketize_off_by_one": _bucketize_off_by_one,
     "drop_update": _drop_update,
@@ -183,5 +246,10 @@ FAULTS = {
     "saver_row": _after_import("torchrec_ascend.kernels.fused", _saver_row_patch),
     "dedup_reverse": _after_import("torchrec_ascend.sharders.index_dedup", _dedup_reverse_patch),
     "transfer_dropped": _after_import("torchrec_ascend.kernels.id_mapper", _transfer_dropped_patch),
+    "fresh_state_fused": _after_import("torchrec_ascend.kernels.pool", _fresh_state_fused_patch),
+    "fresh_state_key_value": _after_import("torchrec_ascend.kernels.key_value.tier", _fresh_state_key_value_patch),
+    "pins_kept": _after_import("torchrec_ascend.kernels.id_mapper", _pins_kept_patch),
+    "saver_removed": _after_import("torchrec_ascend.kernels.fused", _saver_removed_patch),
 }
-FAULTS[os.environ[FAULT_ENV]]()
+for _name in os.environ[FAULT_ENV].split(","):
+    FAULTS[_name]()
