@@ -188,10 +188,13 @@ class TableView:
             step = max(1, WINDOW_BYTES // (4 * self.width))
             for row0 in range(0, self.rows, step):
                 rows = min(step, self.rows - row0)
-                mask = held[row0:row0 + rows]
-                records = torch.from_numpy(staging.read(row0, rows))[mask]
+                mask = held[row0:row0 + rows].clone()
+                records = torch.from_numpy(staging.read(row0, rows))
                 records[:, ~keep] = 0.0
-                yield keys[row0:row0 + rows][mask], records
+                if not self.layout.hash_ids:  # a row still at its initial value needs no record (it reads as one)
+                    initial = self.kernel.initial_rows(self.t, self.layout.to_global(keys[row0:row0 + rows]))
+                    mask &= ~((records[:, :self.cols] == initial).all(1) & (records[:, self.cols:] == 0).all(1))
+                yield keys[row0:row0 + rows][mask], records[mask]
 
         state = self.kernel.shard_state(self.t)
         state = {k: state[k] for k in ("step", "counters", "swaps") if k in state}
@@ -336,11 +339,11 @@ def _rowwise_metadata(cache: ShardedTensorMetadata, table: ShardedTensorMetadata
     table shard, one after the other; each block here has its shard's rows instead. Returns it and this rank's."""
     rows_of: Dict[int, int] = {}
     for shard in table.shards_metadata:
-        rank = rank_of(shard)
-        if rank in rows_of:
-            raise ConfigError(f"KEY_VALUE table {name!r}: rank {rank} holds two of its shards; shard it so that each "
-                              "rank holds at most one (table_wise, row_wise, column_wise or table_row_wise)")
-        rows_of[rank] = int(shard.shard_sizes[0])
+        holder = rank_of(shard)
+        if holder in rows_of:
+            raise ConfigError(f"KEY_VALUE table {name!r}: rank {holder} holds two of its shards; shard it so that "
+                              "each rank holds at most one (table_wise, row_wise, column_wise or table_row_wise)")
+        rows_of[holder] = int(shard.shard_sizes[0])
     blocks, offset = [], 0
     for shard in sorted(cache.shards_metadata, key=lambda m: int(m.shard_offsets[0])):
         rows = rows_of[rank_of(shard)]
@@ -365,11 +368,13 @@ class KernelViews:
 
     def settle(self) -> None:
         """Before rows move (a batch, a Saver save or load): apply pending loads, then start over."""
-        if not self._tables:
-            return
-        tables, self._tables = self._tables, {}
-        for view in tables.values():
+        for view in self.take():
             view.settle()
+
+    def take(self) -> List[TableView]:
+        """The views so far; the next ``state_dict()`` makes new ones."""
+        tables, self._tables = self._tables, {}
+        return list(tables.values())
 
 
 def views_of(kernel: KeyValueRows) -> KernelViews:
@@ -380,6 +385,34 @@ def views_of(kernel: KeyValueRows) -> KernelViews:
         kernel.set_load_hook(views, views.settle)
         _table_sized_optimizer(kernel.fused_optimizer, views)  # type: ignore[attr-defined]  # TorchRec kernel's
     return views
+
+
+def install_views(module: torch.nn.Module) -> None:
+    """Give every KEY_VALUE kernel of a sharded collection its :class:`KernelViews` (its fused optimizer's state is
+    table-sized from now on)."""
+    for kernel, _ in key_value_shards(module).values():
+        views_of(kernel)
+
+
+def settle_loads(model: torch.nn.Module) -> List[str]:
+    """Apply every load written into ``model``'s KEY_VALUE state_dict views now (else each is applied, or refused, at
+    its kernel's next batch); returns the refusals' messages, one per refused table.
+
+    Example::
+
+        dcp.load(state, checkpoint_id="/ckpt/1")
+        assert not settle_loads(dmp)
+    """
+    refusals = []
+    for kernel in sharded_kernels(model):
+        views = kernel.load_hook_owner() if isinstance(kernel, KeyValueRows) else None
+        if isinstance(views, KernelViews):
+            for view in views.take():
+                try:
+                    view.settle()
+                except ConfigError as err:
+                    refusals.append(str(err))
+    return refusals
 
 
 def key_value_shards(module: torch.nn.Module) -> Dict[str, Tuple[KeyValueRows, int]]:

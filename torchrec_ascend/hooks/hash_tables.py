@@ -158,8 +158,10 @@ def _torch_state(original: Callable[..., None]) -> Callable[..., None]:
     def _initialize_torch_state(self: Any, skip_registering: bool = False) -> None:
         original(self, skip_registering)
         if not skip_registering:
-            from torchrec_ascend.checkpoint.key_value_state import add_key_value_entries
+            from torchrec_ascend.checkpoint.key_value_state import add_key_value_entries, install_views
             from torchrec_ascend.checkpoint.stock import add_weight_ids
+
+            install_views(self)
 
             def hook(module: Any, destination: Dict[str, Any], prefix: str, _: Any) -> None:
                 add_weight_ids(module, destination, prefix, _tables_attr(module))

@@ -20,6 +20,12 @@ budget: rows live in all three tiers. A case is one of:
   :func:`~torchrec_ascend.checkpoint.dense_state_dict`, loaded into a model with other dense weights. Reports
   ``dense_err`` (outputs vs. the saved model's) and the state_dict keys each path took.
 
+* ``{"action": "dcp", <round_trip fields>}``: the same round trip through stock ``torch.distributed.checkpoint``
+  only: ``dcp.save({"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()})`` after the saves' steps,
+  then ``dcp.load`` into the second model and ``load_state_dict`` of both (KEY_VALUE tables stream through windows of
+  their rows). ``expect`` is ``"refused"`` where the load must be refused (IDs on shards that do not own them):
+  reported as ``load_error``.
+
 ``policy`` is ``"default"`` (admit all; FUSED tables never full) or ``"evict"`` (FUSED hash tables a fifth of the
 IDs in size: LFU eviction and count admission at work; use it with an unchanged layout).
 
@@ -40,6 +46,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 import torchrec
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -49,9 +56,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.checkpoint import Saver, dense_state_dict
+from torchrec_ascend.checkpoint.key_value_state import settle_loads
 from torchrec_ascend.checkpoint.saver import local_shards
 from torchrec_ascend.checkpoint.stock import saver_keys
 from torchrec_ascend.conformance_tests.launch import script_device
+from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.conformance_tests.plugin import gone_ids
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, rows_of
 from torchrec_ascend.conformance_tests.plugin.runner import main, residency, shared_directory
@@ -84,7 +93,15 @@ def conformance_cases(world_size: int, quick: bool) -> List[Dict[str, Any]]:
         round_trip_case("ec", spread, "key_value", "sgd", "default", "table_wise", "fused", world_size),
     ]
     gone = {"action": "gone_ids", "kind": "ebc", "sharding_type": spread, "kernel": "fused", "load_world_size": 1}
-    return cases[1:3] + [gone] if quick else cases + [{"action": "dense"}, gone]
+    stock = [
+        dcp_case("ebc", spread, "key_value", "rowwise_adagrad", spread, "key_value", world_size),
+        dcp_case("ec", spread, "key_value", "adagrad", "table_wise", "key_value", 1),
+    ]
+    if world_size > 1:
+        stock += [dcp_case("ebc", "row_wise", "key_value", "adagrad", "row_wise", "fused", world_size),
+                  dcp_case("ebc", "table_wise", "key_value", "rowwise_adagrad", "row_wise", "key_value", world_size,
+                           expect="refused")]
+    return cases[1:3] + [gone] + stock[:2] if quick else cases + [{"action": "dense"}, gone] + stock
 
 
 def check_result(result: Dict[str, Any]) -> None:
@@ -110,6 +127,13 @@ def check_result(result: Dict[str, Any]) -> None:
     if result["action"] == "save":
         assert result["saved_ids"] > 0, "the save case trained no IDs"
         return
+    if result.get("expect") == "refused":
+        assert "do not belong to it" in result["load_error"] and "KEY_VALUE table '" in result["load_error"], (
+            f"loading IDs onto shards that do not own them must be refused naming the table: {result['load_error']!r}")
+        assert result["unchanged"], "a refused load changed the model"
+        return
+    if result["action"] == "dcp":
+        assert not result["load_error"], result["load_error"]
     assert result["ids"] > 0, "nothing was restored: the case proves nothing"
     assert result["rows_err"] == 0.0, f"rows right after loading differ from the saved ones by {result['rows_err']}"
     if result["same_layout"]:  # same layout and world size: the same computation as the model that never stopped
@@ -124,6 +148,14 @@ def check_result(result: Dict[str, Any]) -> None:
             f"resharded, then training differs from the model that never stopped: outputs by {result['fwd_err']}, "
             f"final rows by {result['final_err']} (tolerance {RESHARD_TOLERANCE})"
         )
+
+
+def dcp_case(kind: str, sharding_type: str, kernel: str, optimizer: str, load_sharding_type: str,
+             load_kernel: str, load_world_size: int, expect: str = "loaded") -> Dict[str, Any]:
+    """A ``dcp`` case: a round trip through stock torch.distributed.checkpoint (see the module docstring)."""
+    case = round_trip_case(kind, sharding_type, kernel, optimizer, "default", load_sharding_type, load_kernel,
+                           load_world_size)
+    return {**case, "action": "dcp", "expect": expect}
 
 
 def round_trip_case(kind: str, sharding_type: str, kernel: str, optimizer: str, policy: str,
@@ -326,6 +358,41 @@ def load_action(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, 
     return result
 
 
+def dcp_action(case: Dict[str, Any], world: Any, directory: str) -> Dict[str, Any]:
+    """Train, save model and fused optimizer state with stock DCP, train on; load into the second layout, train on."""
+    model = build(case, case["sharding_type"], case["kernel"], world, os.path.join(directory, "disk"))
+    steps = sum(SAVES)
+    for step in range(steps):
+        train_step(model, case["kind"], step, world)
+    dcp.save({"model": model.state_dict(), "optim": model.fused_optimizer.state_dict()},
+             checkpoint_id=os.path.join(directory, "dcp"), process_group=world)
+    saved = gathered_rows(model, world)
+    outputs = [train_step(model, case["kind"], steps + k, world) for k in range(CONTINUE)]
+    final = gathered_rows(model, world)
+    pg = _subgroup(world, case["load_world_size"])
+    if pg is None:
+        return {}
+    disk = tempfile.mkdtemp(prefix="disk-", dir=directory) if pg.rank() == 0 else None
+    loaded = build(case, case["load_sharding_type"], case["load_kernel"], pg, _broadcast(disk, pg))
+    before = gathered_rows(loaded, pg)
+    state = {"model": loaded.state_dict(), "optim": loaded.fused_optimizer.state_dict()}
+    try:
+        dcp.load(state, checkpoint_id=os.path.join(directory, "dcp"), process_group=pg)
+        loaded.load_state_dict(state["model"])
+        loaded.fused_optimizer.load_state_dict(state["optim"])
+    except (CheckpointException, ConfigError) as err:  # reported: a refusal is the expected result of some cases
+        refusals = [str(err)] + settle_loads(loaded)  # tables whose rows were all in are refused now
+        return {"load_error": " | ".join(refusals), "unchanged": row_diff(gathered_rows(loaded, pg), before) == 0.0}
+    rows = gathered_rows(loaded, pg)
+    after = [train_step(loaded, case["kind"], steps + k, pg) for k in range(CONTINUE)]
+    same = (case["load_sharding_type"], case["load_kernel"], pg.size()) == (
+        case["sharding_type"], case["kernel"], world.size())
+    return {"load_error": "", "rows_err": row_diff(rows, saved), "ids": sum(len(ids) for ids in rows.values()),
+            "fwd_err": output_diff(after, outputs), "final_err": row_diff(gathered_rows(loaded, pg), final),
+            "same_layout": same, "exact": same, "stats_err": 0.0,
+            "residency": trained_where(loaded, case["kind"], pg)}
+
+
 def trained_where(model: Any, kind: str, pg: Any) -> Dict[str, List[str]]:
     """Where ``model``'s parameters, fused optimizer state, a batch and its outputs live (one forward, no update)."""
     kjt, _ = local_part(0, pg.rank(), pg.size())
@@ -405,6 +472,9 @@ def run_case(case: Dict[str, Any], world: Any) -> Dict[str, Any]:
         return dense_action(world)
     if action == "gone_ids":
         return gone_ids.run(case, world)
+    if action == "dcp":
+        with shared_directory("dcp-", world) as directory:
+            return dcp_action(case, world, directory)
     if action == "save":
         return save_action(case, world, case["dir"])
     if action == "load":
