@@ -403,7 +403,7 @@ def settle_loads(model: torch.nn.Module) -> List[str]:
         dcp.load(state, checkpoint_id="/ckpt/1")
         assert not settle_loads(dmp)
     """
-    refusals = []
+    refusals: List[str] = []
     for kernel in sharded_kernels(model):
         views = kernel.load_hook_owner() if isinstance(kernel, KeyValueRows) else None
         if isinstance(views, KernelViews):
