@@ -46,8 +46,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 import torchrec
+from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
@@ -60,10 +60,10 @@ from torchrec_ascend.checkpoint.key_value_state import settle_loads
 from torchrec_ascend.checkpoint.saver import local_shards
 from torchrec_ascend.checkpoint.stock import saver_keys
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.conformance_tests.plugin import gone_ids
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, rows_of
 from torchrec_ascend.conformance_tests.plugin.runner import main, residency, shared_directory
+from torchrec_ascend.errors import ConfigError
 
 DIM = 16
 HASH_TABLES = [("user", 3), ("item", 5)]  # name, init seed
