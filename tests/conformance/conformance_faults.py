@@ -30,6 +30,8 @@ Faults in torchrec-ascend's own parts:
 * ``pins_kept``: the ID mapper never releases the pins of the batch in compute (its lookup forgets them instead
   of releasing them when the next batch's lookup comes).
 * ``saver_removed``: an incremental save records no IDs that left a shard since the previous save.
+* ``kv_state_dict_placeholder``: KEY_VALUE tables' stock ``state_dict()`` entries are TorchRec's placeholders again
+  (zeros of the table's shape, no ``weight_id``): their rows are not in a DCP checkpoint.
 
 ``TORCHREC_ASCEND_TEST_FAULT`` may name several faults, comma-separated (of different modules).
 """
@@ -237,6 +239,12 @@ def _saver_removed_patch() -> None:
     HashRows.export_shard = export_shard
 
 
+def _kv_state_dict_placeholder_patch() -> None:
+    from torchrec_ascend.checkpoint import key_value_state
+
+    key_value_state.add_key_value_entries = lambda module, destination, prefix, attr: None
+
+
 FAULTS = {
     "bucketize_off_by_one": _bucketize_off_by_one,
     "drop_update": _drop_update,
@@ -250,6 +258,8 @@ FAULTS = {
     "fresh_state_key_value": _after_import("torchrec_ascend.kernels.key_value.tier", _fresh_state_key_value_patch),
     "pins_kept": _after_import("torchrec_ascend.kernels.id_mapper", _pins_kept_patch),
     "saver_removed": _after_import("torchrec_ascend.kernels.fused", _saver_removed_patch),
+    "kv_state_dict_placeholder": _after_import("torchrec_ascend.checkpoint.key_value_state",
+                                               _kv_state_dict_placeholder_patch),
 }
 for _name in os.environ[FAULT_ENV].split(","):
     FAULTS[_name]()

@@ -382,7 +382,8 @@ def dcp_action(case: Dict[str, Any], world: Any, directory: str) -> Dict[str, An
         loaded.fused_optimizer.load_state_dict(state["optim"])
     except (CheckpointException, ConfigError) as err:  # reported: a refusal is the expected result of some cases
         refusals = [str(err)] + settle_loads(loaded)  # tables whose rows were all in are refused now
-        return {"load_error": " | ".join(refusals), "unchanged": row_diff(gathered_rows(loaded, pg), before) == 0.0}
+        return {"load_error": " | ".join(refusals), "unchanged": row_diff(gathered_rows(loaded, pg), before) == 0.0,
+                "residency": trained_where(loaded, case["kind"], pg)}
     rows = gathered_rows(loaded, pg)
     after = [train_step(loaded, case["kind"], steps + k, pg) for k in range(CONTINUE)]
     same = (case["load_sharding_type"], case["load_kernel"], pg.size()) == (

@@ -46,7 +46,8 @@ def devices_of(obj: Any) -> Set[str]:
     """The device types of every tensor in ``obj``: a tensor, a ShardedTensor, a TorchRec jagged or keyed tensor, a
     module (its parameters: buffers such as the hash tables' ID maps live on the host by design), an optimizer (its
     state), or dicts, lists and tuples of these. A tensor of no elements holds nothing and counts nowhere (stock
-    TorchRec keeps ``torch.empty(0)`` host placeholders for the tables a rank does not hold).
+    TorchRec keeps ``torch.empty(0)`` host placeholders for the tables a rank does not hold), nor does one without
+    storage (a view read on demand, such as a window over a KEY_VALUE table's rows kept in its tiers).
 
     Example::
 
@@ -55,7 +56,7 @@ def devices_of(obj: Any) -> Set[str]:
     if hasattr(obj, "local_shards"):  # ShardedTensor (a tensor subclass: asked first)
         return set().union(*(devices_of(s.tensor) for s in obj.local_shards()))
     if isinstance(obj, torch.Tensor):
-        return {obj.device.type} if obj.numel() else set()
+        return {obj.device.type} if obj.numel() and obj.untyped_storage().nbytes() else set()
     if isinstance(obj, (JaggedTensor, KeyedJaggedTensor, KeyedTensor)):
         return devices_of(obj.values())
     if isinstance(obj, torch.nn.Module):
