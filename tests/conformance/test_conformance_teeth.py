@@ -75,26 +75,29 @@ def run_cli(args: List[str], tmp_path: Path, env: Dict[str, str]) -> Tuple[int, 
 #: fault -> (check run quick, the cases it must fail, a phrase of the failure, or phrases one of which must show).
 #: Every other case must pass.
 REUSED_ROW = "test_case[reused_row-ebc-row_wise-{}-rowwise_adagrad]"
+PINNED = "test_case[pipeline-row_wise-rowwise_adagrad-40-2-20-8]"  # also bit for bit against FUSED
+#: The quick DCP cases: a KEY_VALUE model restored with an empty cache trains on exactly as the saved one.
+DCP_CASES = {"test_case[dcp-ebc-row_wise-key_value-rowwise_adagrad-default-row_wise-key_value-2-loaded]",
+             "test_case[dcp-ec-row_wise-key_value-adagrad-default-table_wise-key_value-1-loaded]"}
 OWN_FAULTS: Dict[str, Tuple[str, Set[str], Any]] = {
     "hash_bucketizer": ("hash_tables", {"test_case[ebc-row_wise-rowwise_adagrad]",
-                                        "test_case[ec-row_wise-rowwise_adagrad-index_dedup]"}, "oracle"),
+                                        "test_case[ec-row_wise-rowwise_adagrad-index_dedup]",
+                                        REUSED_ROW.format("fused"), REUSED_ROW.format("key_value")}, "oracle"),
     "dedup_reverse": ("hash_tables", {"test_case[ec-row_wise-rowwise_adagrad-index_dedup]"}, "oracle"),
-    "eviction_ids": ("key_value", {"test_case[ebc-row_wise-adagrad-12-64-8]"}, "not bit for bit"),
-    "kv_optimizer_state": ("key_value", {"test_case[ebc-row_wise-adagrad-12-64-8]"}, "not bit for bit"),
+    "eviction_ids": ("key_value", {"test_case[ebc-row_wise-adagrad-12-64-8]", PINNED}, "not bit for bit"),
+    "kv_optimizer_state": ("key_value", {"test_case[ebc-row_wise-adagrad-12-64-8]", PINNED}, "not bit for bit"),
     "saver_row": ("checkpoint", {
         "test_case[round_trip-ebc-row_wise-fused-rowwise_adagrad-evict-row_wise-fused-2]",
         "test_case[round_trip-ebc-column_wise-fused-adagrad-default-table_wise-key_value-1]"}, "rows"),
     # Issue 31's promises: a reused row's fresh optimizer state, pins released after backward, no resurrection.
     "fresh_state_fused": ("hash_tables", {REUSED_ROW.format("fused")}, "does not train as a new row"),
     "fresh_state_key_value": ("hash_tables", {REUSED_ROW.format("key_value")}, "does not train as a new row"),
-    "pins_kept": ("key_value", {"test_case[pipeline-row_wise-rowwise_adagrad-40-2-20-8]"}, "CapacityError"),
+    "pins_kept": ("key_value", {PINNED}, "CapacityError"),
     # Resurrected IDs overflow the restored shard (the load refuses) or, where they fit, are counted.
     "saver_removed": ("checkpoint", {"test_case[gone_ids-ebc-row_wise-fused-1]"},
                       ("IDs to restore into a shard", "came back")),
     # Issue 26: KEY_VALUE tables in stock state_dict() (DCP).
-    "kv_state_dict_placeholder": ("checkpoint", {
-        "test_case[dcp-ebc-row_wise-key_value-rowwise_adagrad-default-row_wise-key_value-2-loaded]",
-        "test_case[dcp-ec-row_wise-key_value-adagrad-default-table_wise-key_value-1-loaded]"}, "'user'"),
+    "kv_state_dict_placeholder": ("checkpoint", DCP_CASES, "'user'"),
 }
 
 
@@ -259,9 +262,11 @@ def test_the_emulated_npu_run_passes_on_npu(emulated_npu: None, tmp_path: Path) 
 #: and the cases that must fail (fresh_state_key_value also breaks KEY_VALUE's bit-for-bit parity with FUSED).
 PROMISE_FAULTS = "fresh_state_fused,fresh_state_key_value,pins_kept,saver_removed"
 PROMISE_CHECKS = ["hash_tables", "key_value", "checkpoint"]
-PROMISE_FAILING = {REUSED_ROW.format("fused"), REUSED_ROW.format("key_value"),
-                   "test_case[pipeline-row_wise-rowwise_adagrad-40-2-20-8]", "test_case[ebc-row_wise-adagrad-12-64-8]",
-                   "test_case[gone_ids-ebc-row_wise-fused-1]"}
+#: With a KEY_VALUE row keeping its previous ID's state, results depend on what the cache held: a model restored into
+#: an empty cache (the KEY_VALUE loads of the checkpoint check) trains on differently.
+PROMISE_FAILING = {REUSED_ROW.format("fused"), REUSED_ROW.format("key_value"), PINNED,
+                   "test_case[ebc-row_wise-adagrad-12-64-8]", "test_case[gone_ids-ebc-row_wise-fused-1]",
+                   "test_case[round_trip-ebc-column_wise-fused-adagrad-default-table_wise-key_value-1]"} | DCP_CASES
 
 
 def test_the_promise_faults_fail_the_emulated_run(emulated_npu: None, fault_site: Path, tmp_path: Path) -> None:

@@ -19,8 +19,6 @@ from torchrec_ascend import conformance_tests
 
 REGISTER = Path(conformance_tests.__file__).parent / "PROMISES.md"
 REFERENCE = re.compile(r"`(\w+)::(test_\w+(?:\[[^\]`]*\])?)`")
-PENDING_DCP = "KEY_VALUE tables through `torch.distributed.checkpoint`"
-
 
 def register_rows() -> List[Tuple[str, str]]:
     """``(promise, case column)`` of every table row of the register (header and rule rows left out)."""
@@ -60,4 +58,3 @@ def test_every_promise_names_its_check_or_why_not() -> None:
     assert len(rows) > 30
     bare = [p for p, cases in rows if not REFERENCE.search(cases) and not re.search(r"\b(none|pending)\b", cases)]
     assert not bare, f"rows naming no case and not marked none/pending: {bare}"
-    assert any(PENDING_DCP in p and "pending" in cases for p, cases in rows), "the DCP row for KEY_VALUE is pending"

@@ -45,7 +45,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensor
 
 from torchrec_ascend.checkpoint.layout import ShardLayout
 from torchrec_ascend.checkpoint.row_window import RowWindow
-from torchrec_ascend.checkpoint.sharded import WINDOW_BYTES, column_offsets, id_metadata, rank_of, windowed
+from torchrec_ascend.checkpoint.sharded import column_offsets, id_metadata, rank_of, window_rows, windowed
 from torchrec_ascend.checkpoint.stock import refuse_rows_without_ids
 from torchrec_ascend.errors import CapacityError, ConfigError
 from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
@@ -75,6 +75,9 @@ class TableView:
             (self.cols + sum(state_widths[:k]), w) for k, w in enumerate(state_widths)
         ]
         self._weight_dtype = kernel.weight_dtype(t)
+        # Every window reads whole records; sized by the widest shard's, so that every rank cuts the same windows.
+        widest = max(int(m.shard_sizes[1]) for m in self.info.table.global_metadata.shards_metadata)
+        self._step = window_rows(widest + sum(widest if shape else 1 for shape in self.info.state_shapes))
         self._ids: Optional[torch.Tensor] = None
         self._staging: Optional[_Staging] = None
         self.applied = False  # a load into this view reached the table
@@ -185,7 +188,7 @@ class TableView:
                 keep[col0:col0 + width] = True
 
         def chunks() -> Any:
-            step = max(1, WINDOW_BYTES // (4 * self.width))
+            step = self._step
             for row0 in range(0, self.rows, step):
                 rows = min(step, self.rows - row0)
                 mask = held[row0:row0 + rows].clone()
@@ -275,7 +278,7 @@ class TableView:
         table = self.info.table
         return windowed(table.global_metadata, table.local_metadata,
                         lambda r, n: RowWindow(self, WEIGHTS, r, n, 0, self.cols), self._weight_dtype,
-                        self.kernel.process_group)
+                        self.kernel.process_group, self._step)
 
     def weight_id(self) -> ShardedTensor:
         """``<table>.weight_id`` (hash tables): the ID of each row."""
@@ -283,7 +286,7 @@ class TableView:
         local = id_metadata(table.global_metadata).shards_metadata[
             table.global_metadata.shards_metadata.index(table.local_metadata)]
         return windowed(id_metadata(table.global_metadata), local, lambda r, n: RowWindow(self, IDS, r, n, 0, 1),
-                        torch.int64, self.kernel.process_group)
+                        torch.int64, self.kernel.process_group, self._step)
 
     def optimizer_state(self, k: int, cache_state: ShardedTensor) -> ShardedTensor:
         """Optimizer state ``k`` sized by the table's rows, laid out as TorchRec lays out ``cache_state`` (the
@@ -292,11 +295,11 @@ class TableView:
         if self.info.state_shapes[k] != ():
             return windowed(table.global_metadata, table.local_metadata,
                             lambda r, n: RowWindow(self, 2 + k, r, n, 0, self.cols), torch.float32,
-                            self.kernel.process_group)
+                            self.kernel.process_group, self._step)
         metadata, local = _rowwise_metadata(cache_state.metadata(), table.global_metadata,
                                             rank_of(table.local_metadata), self.name)
         return windowed(metadata, local, lambda r, n: RowWindow(self, 2 + k, r, n), torch.float32,
-                        self.kernel.process_group)
+                        self.kernel.process_group, self._step)
 
 
 class _Staging:
@@ -387,11 +390,16 @@ def views_of(kernel: KeyValueRows) -> KernelViews:
     return views
 
 
-def install_views(module: torch.nn.Module) -> None:
+def install_views(module: torch.nn.Module, sharded_tensors: Dict[str, ShardedTensor]) -> None:
     """Give every KEY_VALUE kernel of a sharded collection its :class:`KernelViews` (its fused optimizer's state is
-    table-sized from now on)."""
-    for kernel, _ in key_value_shards(module).values():
+    table-sized from now on), and make the collection's own ShardedTensor of each KEY_VALUE table (``sharded_tensors``,
+    which TorchRec deep-copies on every ``state_dict()`` call) windows that hold no rows."""
+    for name, (kernel, t) in key_value_shards(module).items():
         views_of(kernel)
+        if name in sharded_tensors:
+            for shard in sharded_tensors[name].local_shards():
+                shard.tensor = RowWindow(TableView(kernel, t), WEIGHTS, 0, shard.tensor.shape[0], 0,
+                                         shard.tensor.shape[1])
 
 
 def settle_loads(model: torch.nn.Module) -> List[str]:

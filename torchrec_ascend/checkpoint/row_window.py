@@ -66,6 +66,9 @@ class RowWindow(torch.Tensor):
     def __repr__(self) -> str:  # type: ignore[override]  # no data to show: say what it stands for
         return f"RowWindow(part={self.part}, rows={self.row0}+{self.shape[0]}, shape={tuple(self.shape)})"
 
+    def __deepcopy__(self, memo: Any) -> "RowWindow":  # a view: copying it copies no rows (TorchRec deep-copies
+        return self._sub(0, 0, self.shape[0])           # a KEY_VALUE table's state_dict entries on every call)
+
     def values_now(self) -> torch.Tensor:
         """The window's values, read from the source."""
         rows = self.source.read(self.part, self.row0, self.shape[0])

@@ -7,7 +7,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, List
 
 import torch
@@ -18,10 +17,10 @@ from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, Sharde
 WINDOW_BYTES = 8 << 20
 
 
-def window_rows(shard: ShardMetadata) -> int:
-    """Rows per window of ``shard`` (the same on every rank: it depends on the shard's shape only)."""
-    row_bytes = 4 * math.prod(int(s) for s in shard.shard_sizes[1:])
-    return max(1, WINDOW_BYTES // row_bytes)
+def window_rows(row_elements: int) -> int:
+    """Rows per window when reading a row costs ``row_elements`` 4-byte values (a KEY_VALUE table's windows of every
+    part read whole packed records: weights and optimizer states)."""
+    return max(1, WINDOW_BYTES // (4 * row_elements))
 
 
 def rank_of(shard: ShardMetadata) -> int:
@@ -42,18 +41,19 @@ def windowed(
     window: Callable[[int, int], torch.Tensor],
     dtype: torch.dtype,
     process_group: Any,
+    step: int,
 ) -> ShardedTensor:
-    """A ShardedTensor laid out as ``global_metadata`` with every shard cut into windows of :func:`window_rows`
-    rows; this rank's shard ``local`` is made of ``window(row0, rows)`` (rows counted within the shard).
+    """A ShardedTensor laid out as ``global_metadata`` with every shard cut into windows of ``step`` rows (the same
+    on every rank); this rank's shard ``local`` is made of ``window(row0, rows)`` (rows counted within the shard).
 
     Example::
 
-        windowed(table.global_metadata, table.local_metadata, lambda r, n: torch.zeros(n, 4), torch.float32, pg)
+        windowed(table.global_metadata, table.local_metadata, lambda r, n: torch.zeros(n, 4), torch.float32, pg, 64)
     """
     shards: List[ShardMetadata] = []
     local_shards: List[Shard] = []
     for shard in global_metadata.shards_metadata:
-        rows, step = int(shard.shard_sizes[0]), window_rows(shard)
+        rows = int(shard.shard_sizes[0])
         is_local = rank_of(shard) == rank_of(local) and \
             list(shard.shard_offsets) == list(local.shard_offsets)
         for row0 in range(0, rows, step):

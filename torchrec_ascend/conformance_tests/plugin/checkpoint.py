@@ -266,11 +266,9 @@ def train_step(model: Any, kind: str, step: int, pg: Any) -> List[torch.Tensor]:
 def gathered_rows(model: Any, pg: Any) -> Dict[str, Dict[int, torch.Tensor]]:
     """Table -> global ID -> full row (weights), from every tier of every rank's shards."""
     local = []
-    for kernel, t, layout in local_shards(model):
-        blocks, _ = kernel.export_shard(t)
-        for block in blocks:
-            ids = layout.to_global(block.ids).tolist()
-            local.append((layout.table, ids, block.rows[:, : layout.cols], layout.col0))
+    for kernel, t, layout in local_shards(model):  # read from the tiers, not through the Saver's export
+        keys, rows, col0 = kernel.export_rows(t)
+        local.append((layout.table, layout.to_global(keys).tolist(), rows.float(), col0))
     gathered: List[Any] = [None] * pg.size()
     dist.all_gather_object(gathered, local, group=pg)
     pieces: Dict[str, Dict[int, Dict[int, torch.Tensor]]] = {}

@@ -26,6 +26,7 @@ fresh subdirectory of ``directory`` and deletes it on :meth:`DiskStore.close`. N
 
 from __future__ import annotations
 
+import functools
 import heapq
 import os
 import re
@@ -325,7 +326,8 @@ class DiskStore:
     def chunks(self, rows_per_chunk: int = 65536) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         """Every ``(keys int64 [m], rows [m, width])`` once, ``m <= rows_per_chunk``, in file order.
 
-        Reads each segment sequentially once (checkpoints run at the disk's sequential speed).
+        Reads each segment sequentially once (checkpoints run at the disk's sequential speed), ``rows_per_chunk``
+        records at a time.
 
         Raises:
             RuntimeError: the store changed between two chunks.
@@ -334,16 +336,13 @@ class DiskStore:
         self._check_open()
         version = self._version
         for segment_id in sorted(self._segments):
-            if version != self._version:  # builtin, like dict's: a caller mutating the store it iterates
-                raise RuntimeError(f"{self.where}: the store changed while chunks() was iterating; do not mutate it")
-            records, _, _ = self._live_records(self._segments[segment_id])
-            keys = torch.from_numpy(records[:, 0].view(np.int64).copy())
-            for start in range(0, keys.numel(), rows_per_chunk):
+            for records, _, _ in self._live_blocks(self._segments[segment_id], rows_per_chunk):
                 if version != self._version:  # builtin, like dict's: a caller mutating the store it iterates
                     raise RuntimeError(
                         f"{self.where}: the store changed while chunks() was iterating; do not mutate it"
                     )
-                yield keys[start : start + rows_per_chunk], self._format.decode(records[start : start + rows_per_chunk])
+                if len(records):
+                    yield torch.from_numpy(records[:, 0].view(np.int64).copy()), self._format.decode(records)
 
     def close(self) -> None:
         """Close the files and delete this store's directory (idempotent).
@@ -574,36 +573,54 @@ class DiskStore:
         )
 
     def _live_records(self, seg: SegmentFile) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The live records of ``seg`` (read sequentially), their locations and their buckets.
+        """The live records of ``seg`` (read sequentially), their locations and their buckets (see
+        :meth:`_live_blocks`)."""
+        blocks = list(self._live_blocks(seg, max(1, seg.count)))
+        if not blocks:  # an empty segment
+            return seg.read_range(0, 0), np.empty(0, np.int64), np.empty(0, np.int64)
+        return blocks[0]
+
+    def _holds(self, expected: np.ndarray, which: np.ndarray, at: np.ndarray) -> np.ndarray:
+        """Which buckets ``at`` hold the ``expected[which]`` entries (a probe's match test)."""
+        return self._table.buckets[at] == expected[which]
+
+    def _live_blocks(self, seg: SegmentFile, block: int) -> Iterator[Tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """The live records of ``seg``, read sequentially ``block`` records at a time: per block, the records, their
+        locations and their buckets.
 
         A record is live when the bucket of its key holds exactly its location. Damaged records can only be
-        garbage: if fewer live records are found than the segment counts, a live one is damaged.
+        garbage: if fewer live records are found than the segment counts, a live one is damaged (raised after the
+        last block).
 
         Raises:
             StorageError: the file is truncated or a live record is damaged.
         """
-        try:
-            records = seg.read_range(0, seg.count)
-        except StorageError as error:
+        found = 0
+        for start in range(0, seg.count, block):
+            stop = min(seg.count, start + block)
+            try:
+                records = seg.read_range(start, stop)
+            except StorageError as error:
+                self._damaged.add(seg.segment_id)
+                raise StorageError(
+                    f"{self.where}: {error}; its live rows are lost. Restore the table from a checkpoint"
+                ) from error
+            locations = seg.segment_id * self.segment_records + np.arange(start, stop, dtype=np.int64)
+            valid = np.flatnonzero(records[:, 1] == self._format.checksums(records, locations))
+            part, fingerprint, _ = self._hash(records[valid, 0].view(np.int64))
+            expected = (fingerprint << _SHIFT) | (locations[valid].astype(np.uint64) + np.uint64(1))
+            buckets = self._probe(part, fingerprint, functools.partial(self._holds, expected))
+            live = buckets >= 0
+            found += int(live.sum())
+            chosen = valid[live]
+            yield records[chosen], locations[chosen], buckets[live]
+        if found != seg.live:
             self._damaged.add(seg.segment_id)
             raise StorageError(
-                f"{self.where}: {error}; its live rows are lost. Restore the table from a checkpoint"
-            ) from error
-        locations = seg.segment_id * self.segment_records + np.arange(seg.count, dtype=np.int64)
-        valid = np.flatnonzero(records[:, 1] == self._format.checksums(records, locations))
-        part, fingerprint, _ = self._hash(records[valid, 0].view(np.int64))
-        expected = (fingerprint << _SHIFT) | (locations[valid].astype(np.uint64) + np.uint64(1))
-        buckets = self._probe(part, fingerprint, lambda which, at: self._table.buckets[at] == expected[which])
-        live = buckets >= 0
-        if int(live.sum()) != seg.live:
-            self._damaged.add(seg.segment_id)
-            raise StorageError(
-                f"{self.where}: corrupted records in '{seg.path}': {seg.live - int(live.sum())} of its {seg.live} "
+                f"{self.where}: corrupted records in '{seg.path}': {seg.live - found} of its {seg.live} "
                 f"live rows fail their checksum; they are lost, the other rows are intact. Restore the table from a "
                 f"checkpoint"
             )
-        chosen = valid[live]
-        return records[chosen], locations[chosen], buckets[live]
 
     def _compact_garbage(self) -> None:
         """Compact the sealed segments marked as due; raises StorageError with the store unchanged on failure."""
