@@ -365,7 +365,7 @@ class KernelViews:
         self._tables: Dict[int, TableView] = {}
 
     def table(self, t: int) -> TableView:
-        if t not in self._tables:
+        if t not in self._tables or self._tables[t].applied:  # a view a load went through describes the past
             self._tables[t] = TableView(self.kernel, t)
         return self._tables[t]
 
