@@ -88,7 +88,8 @@ OWN_FAULTS: Dict[str, Tuple[str, Set[str], Any]] = {
     "kv_optimizer_state": ("key_value", {"test_case[ebc-row_wise-adagrad-12-64-8]", PINNED}, "not bit for bit"),
     "saver_row": ("checkpoint", {
         "test_case[round_trip-ebc-row_wise-fused-rowwise_adagrad-evict-row_wise-fused-2]",
-        "test_case[round_trip-ebc-column_wise-fused-adagrad-default-table_wise-key_value-1]"}, "rows"),
+        "test_case[round_trip-ebc-column_wise-fused-adagrad-default-table_wise-key_value-1]",
+        "test_case[gone_ids-ebc-row_wise-fused-1]"}, "rows"),
     # Issue 31's promises: a reused row's fresh optimizer state, pins released after backward, no resurrection.
     "fresh_state_fused": ("hash_tables", {REUSED_ROW.format("fused")}, "does not train as a new row"),
     "fresh_state_key_value": ("hash_tables", {REUSED_ROW.format("key_value")}, "does not train as a new row"),
