@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -62,7 +62,7 @@ from torchrec_ascend.checkpoint.stock import saver_keys
 from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin import gone_ids
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, rows_of
-from torchrec_ascend.conformance_tests.plugin.runner import main, residency, shared_directory
+from torchrec_ascend.conformance_tests.plugin.runner import first_ranks, main, residency, shared_directory
 from torchrec_ascend.errors import ConfigError
 
 DIM = 16
@@ -367,7 +367,7 @@ def dcp_action(case: Dict[str, Any], world: Any, directory: str) -> Dict[str, An
     saved = gathered_rows(model, world)
     outputs = [train_step(model, case["kind"], steps + k, world) for k in range(CONTINUE)]
     final = gathered_rows(model, world)
-    pg = _subgroup(world, case["load_world_size"])
+    pg = first_ranks(world, case["load_world_size"])
     if pg is None:
         return {}
     disk = tempfile.mkdtemp(prefix="disk-", dir=directory) if pg.rank() == 0 else None
@@ -478,7 +478,7 @@ def run_case(case: Dict[str, Any], world: Any) -> Dict[str, Any]:
         return save_action(case, world, case["dir"])
     if action == "load":
         spec = json.load(open(os.path.join(case["dir"], "case.json")))
-        pg = _subgroup(world, case.get("world_size", world.size()))
+        pg = first_ranks(world, case.get("world_size", world.size()))
         if pg is None:
             return {}
         same = (case["sharding_type"], case["kernel"], pg.size()) == (
@@ -486,7 +486,7 @@ def run_case(case: Dict[str, Any], world: Any) -> Dict[str, Any]:
         return load_action(spec, case["sharding_type"], case["kernel"], pg, case["dir"], same)
     with shared_directory("ckpt-", world) as directory:
         saved = save_action(case, world, directory)
-        pg = _subgroup(world, case["load_world_size"])
+        pg = first_ranks(world, case["load_world_size"])
         result: Dict[str, Any] = {**saved}
         if pg is not None:
             same = (case["load_sharding_type"], case["load_kernel"], pg.size()) == (
@@ -494,13 +494,6 @@ def run_case(case: Dict[str, Any], world: Any) -> Dict[str, Any]:
             result.update(load_action(case, case["load_sharding_type"], case["load_kernel"], pg, directory, same))
     return result
 
-
-def _subgroup(world: Any, size: int) -> Optional[Any]:
-    """The first ``size`` ranks as a process group (None on the other ranks); every rank must call it."""
-    if size == world.size():
-        return world
-    group = dist.new_group(ranks=list(range(size)))
-    return group if world.rank() < size else None
 
 
 def _broadcast(value: Any, pg: Any) -> Any:

@@ -18,7 +18,7 @@ that were not loaded), ``rows_err`` (the largest difference of a loaded row from
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.checkpoint import Saver
 from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin.reused_rows import FEATURE, build, final_rows, upstream
-from torchrec_ascend.conformance_tests.plugin.runner import residency, shared_directory
+from torchrec_ascend.conformance_tests.plugin.runner import first_ranks, residency, shared_directory
 
 PER_RANK = 8  # IDs per rank per step, 4 bags of 2
 FULL_STEPS, INCREMENT_STEPS = 2, 4  # steps before the full save; then before the incremental save
@@ -90,7 +90,7 @@ def _run(case: Dict[str, Any], world: Any, directory: str) -> Dict[str, Any]:
     same = build(case["kernel"], case["sharding_type"], world, os.path.join(directory, "disk-same"))
     Saver(process_group=world).load(same, path)
     result.update(compare(final_rows(same, world), saved, "same"))
-    pg = _subgroup(world, case["load_world_size"])
+    pg = first_ranks(world, case["load_world_size"])
     if pg is not None:  # the same table (as many rows), on fewer ranks, table-wise
         other = build(case["kernel"], "table_wise", pg, os.path.join(directory, "disk-other"), shards=shards)
         Saver(process_group=pg).load(other, path)
@@ -98,10 +98,3 @@ def _run(case: Dict[str, Any], world: Any, directory: str) -> Dict[str, Any]:
     dist.barrier(group=world)
     return result
 
-
-def _subgroup(world: Any, size: int) -> Optional[Any]:
-    """The first ``size`` ranks as a process group (None on the other ranks); every rank must call it."""
-    if size == world.size():
-        return world
-    group = dist.new_group(ranks=list(range(size)))
-    return group if world.rank() < size else None

@@ -19,7 +19,7 @@ import functools
 import shutil
 import sys
 import tempfile
-from typing import Any, Callable, Dict, Iterator, List, Set
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 
 import torch
 import torch.distributed as dist
@@ -55,6 +55,14 @@ def shared_directory(prefix: str, pg: Any) -> Iterator[str]:
     finally:
         if pg.rank() == 0:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def first_ranks(world: Any, size: int) -> Optional[Any]:
+    """The first ``size`` ranks of ``world`` as a process group (None on the other ranks); every rank must call it."""
+    if size == world.size():
+        return world
+    group = dist.new_group(ranks=list(range(size)))
+    return group if world.rank() < size else None
 
 
 def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
