@@ -36,12 +36,12 @@ NPU = DeviceProfile(
     # fbgemm_gpu defines the fbgemm:: op schemas; fbgemm_ascend (optional) adds Ascend kernels for them.
     op_modules=("fbgemm_gpu",),
     optional_op_modules=("fbgemm_ascend",),
-    # fbgemm's TBE on an accelerator (EmbeddingLocation.DEVICE) calls these, one per fused optimizer above.
+    # fbgemm's TBE on an accelerator (EmbeddingLocation.DEVICE) calls these, one per fused optimizer below; ADAM and
+    # PARTIAL_ROWWISE_ADAM look up with the SGD one and step in torchrec_ascend.kernels.fused_adam.
     device_tbe_ops=(
         "split_embedding_codegen_lookup_sgd_function_pt2",
         "split_embedding_codegen_lookup_adagrad_function_pt2",
         "split_embedding_codegen_lookup_rowwise_adagrad_function_pt2",
-        "split_embedding_codegen_lookup_adam_function_pt2",
     ),
     # fbgemm ops TorchRec's training path dispatches that fbgemm-ascend may lack on some SoCs (A2/A3).
     host_fallback_ops=(
@@ -65,7 +65,7 @@ NPU = DeviceProfile(
         "grid_shard",
     ),
     compute_kernels=("fused", "key_value"),
-    fused_optimizers=("EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM"),
+    fused_optimizers=("EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM", "PARTIAL_ROWWISE_ADAM"),
     tbe=TbeSpec(location="DEVICE", compute_device="CUDA"),  # fbgemm's accelerator path; ops dispatch to PrivateUse1
     streams=StreamSpec(
         device_module="torch.npu",

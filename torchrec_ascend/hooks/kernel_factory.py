@@ -84,15 +84,27 @@ def check_fused_optimizer(config: Any, device: Any) -> None:
     if optimizer is None or profile is None or config.compute_kernel.value not in ("fused", "key_value"):
         return
     name = getattr(optimizer, "name", str(optimizer)).upper()
+    tables = ", ".join(t.name for t in config.embedding_tables)
     if name not in profile.fused_optimizers:
         from torchrec_ascend.errors import ConfigError
 
-        tables = ", ".join(t.name for t in config.embedding_tables)
         raise ConfigError(
             f"tables [{tables}]: the {profile.name} backend cannot fuse {name} into backward (it fuses "
             f"{', '.join(profile.fused_optimizers)}). Choose one of those, e.g. "
             "apply_optimizer_in_backward(torch.optim.Adagrad, ...) or RowWiseAdagrad."
         )
+    from torchrec_ascend.kernels import fused_adam  # the kernels import TorchRec modules: not while it imports
+
+    fused_adam.check_hyper_parameters(config.fused_params, [t.name for t in config.embedding_tables])
+
+
+def _stock_kernel(build: Callable[[Any], Any], config: Any, device: Any) -> Any:
+    """The stock kernel ``build(config)`` makes, trained by our fused Adam where fbgemm has none on ``device``."""
+    from torchrec_ascend.kernels import fused_adam
+
+    kernel = build(fused_adam.stock_config(config, device))
+    fused_adam.finish(kernel, config, device)
+    return kernel
 
 
 def _pooled_factory(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -102,7 +114,7 @@ def _pooled_factory(original: Callable[..., Any]) -> Callable[..., Any]:
         check_fused_optimizer(config, device)
         cls = kernel_class("pooled", config, device)
         if cls is None:
-            return original(self, config, device, pg, sharding_type, env)
+            return _stock_kernel(lambda c: original(self, c, device, pg, sharding_type, env), config, device)
         return cls(config=config, pg=pg, device=device, sharding_type=sharding_type, env=env)
 
     return _create_embedding_kernel
@@ -113,7 +125,7 @@ def _sequence_factory(original: Callable[..., Any]) -> Callable[..., Any]:
         check_fused_optimizer(config, device)
         cls = kernel_class("sequence", config, device)
         if cls is None:
-            return original(self, config, pg, device, env)
+            return _stock_kernel(lambda c: original(self, c, pg, device, env), config, device)
         if config.compute_kernel.value == "key_value":
             self._need_prefetch = True  # as the stock factory does: prefetching pipelines then call our kernel
         return cls(config=config, pg=pg, device=device, env=env)

@@ -32,6 +32,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.hash.configs import HashTableSpec, hash_spec_of
 from torchrec_ascend.hash.slot_table import SlotTable
+from torchrec_ascend.kernels import fused_adam
 from torchrec_ascend.kernels.id_mapper import IdMapper
 from torchrec_ascend.kernels.pool import Pool
 from torchrec_ascend.kernels.row_tier import PoolOnly, RowTier
@@ -194,7 +195,9 @@ class HashFusedEmbeddingBag(HashRows, BatchedFusedEmbeddingBag):
 
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None,
                  sharding_type: Any = None, env: Any = None) -> None:
-        super().__init__(without_hash_params(with_reserved_rows(config)), pg, device, sharding_type, env)
+        tbe_config = without_hash_params(with_reserved_rows(config))
+        super().__init__(fused_adam.stock_config(tbe_config, device), pg, device, sharding_type, env)
+        fused_adam.finish(self, tbe_config, device)
         self._tbe = TBE(self)
         self._tbe.hide_last_rows(without_hash_params(config))
         self._compose(config, _pool_rows(config), [s.overflow for s in _specs(config)])
@@ -207,7 +210,9 @@ class HashFusedEmbedding(HashRows, BatchedFusedEmbedding):
     """FUSED kernel of EmbeddingCollection hash tables (sequence lookups); arguments as HashFusedEmbeddingBag."""
 
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None, env: Any = None) -> None:
-        super().__init__(without_hash_params(with_reserved_rows(config)), pg, device)
+        tbe_config = without_hash_params(with_reserved_rows(config))
+        super().__init__(fused_adam.stock_config(tbe_config, device), pg, device)
+        fused_adam.finish(self, tbe_config, device)
         self._tbe = TBE(self)
         self._tbe.hide_last_rows(without_hash_params(config))
         self._compose(config, _pool_rows(config), [s.overflow for s in _specs(config)])

@@ -67,6 +67,8 @@ OPTIMIZERS = {
     "sgd": (torch.optim.SGD, {"lr": LR}),
     "adagrad": (torch.optim.Adagrad, {"lr": LR, "eps": 1e-8}),  # fbgemm's eps; torch defaults to 1e-10
     "rowwise_adagrad": (trec_optim.RowWiseAdagrad, {"lr": LR, "eps": 1e-8}),
+    "adam": (torch.optim.Adam, {"lr": LR, "eps": 1e-8}),
+    "partial_rowwise_adam": (trec_optim.PartialRowWiseAdam, {"lr": LR, "eps": 1e-8}),
 }
 
 
@@ -264,6 +266,70 @@ class ColumnShardRowWiseAdagrad(torch.optim.Optimizer):
                 p.addcdiv_(p.grad, std, value=-group["lr"])
 
 
+class TouchedRowsAdam(torch.optim.Optimizer):
+    """The oracle of fused ADAM and PARTIAL_ROWWISE_ADAM on an embedding table: Adam on the rows a step touched.
+
+    A row the batch did not touch does not step (its gradient is all zero; the scripts' random loss weights never
+    give a touched row a zero gradient). ADAM: ``torch.optim.AdamW``'s own update on the touched rows (gathered into
+    a parameter of their own with their moments); PARTIAL_ROWWISE_ADAM (``rowwise``) has no torch optimizer: its
+    update is written out (second moment: the mean over a row's columns of the squared gradient, one per ``block``
+    of columns as a column shard keeps it). Bias correction counts the table's steps (fbgemm's ``iter``: one per
+    training lookup of the table, touched or not), not the row's, as fbgemm's ADAM does on CUDA.
+    """
+
+    def __init__(self, params: Any, lr: float, eps: float, betas: Tuple[float, float] = (0.9, 0.999),
+                 weight_decay: float = 0.0, rowwise: bool = False, block: Any = None) -> None:
+        super().__init__(params, {"lr": lr, "eps": eps, "betas": betas, "weight_decay": weight_decay,
+                                  "rowwise": rowwise, "block": block})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # no closure, returns no loss
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                state["step"] += 1
+                rows = p.grad.abs().sum(dim=1).nonzero().squeeze(1)
+                if group["rowwise"]:
+                    self._rowwise(group, p, rows, state)
+                    continue
+                touched = torch.nn.Parameter(p[rows].clone())
+                touched.grad = p.grad[rows].clone()
+                beta1, beta2 = group["betas"]
+                inner = torch.optim.AdamW([touched], lr=group["lr"], betas=(beta1, beta2), eps=group["eps"],
+                                          weight_decay=group["weight_decay"], foreach=False)
+                inner.state[touched] = {"step": torch.tensor(float(state["step"] - 1)),
+                                        "exp_avg": state["exp_avg"][rows].clone(),
+                                        "exp_avg_sq": state["exp_avg_sq"][rows].clone()}
+                inner.step()
+                p[rows] = touched.detach()
+                state["exp_avg"][rows] = inner.state[touched]["exp_avg"]
+                state["exp_avg_sq"][rows] = inner.state[touched]["exp_avg_sq"]
+
+    @staticmethod
+    def _rowwise(group: Dict[str, Any], p: torch.Tensor, rows: torch.Tensor, state: Dict[str, Any]) -> None:
+        beta1, beta2 = group["betas"]
+        assert p.grad is not None
+        g, w, step = p.grad[rows], p[rows], state["step"]
+        block = group["block"] or p.shape[1]
+        m = beta1 * state["exp_avg"][rows] + (1 - beta1) * g
+        square = (g * g).view(len(rows), -1, block).mean(dim=2).repeat_interleave(block, dim=1)
+        v = beta2 * state["exp_avg_sq"][rows] + (1 - beta2) * square  # the row's value, repeated per column
+        m_hat, v_hat = m / (1 - beta1 ** step), v / (1 - beta2 ** step)
+        p[rows] = w - group["lr"] * (m_hat / (v_hat.sqrt() + group["eps"]) + group["weight_decay"] * w)
+        state["exp_avg"][rows], state["exp_avg_sq"][rows] = m, v
+
+
+#: Oracles of the fused optimizers whose unsharded torch optimizer would step rows a batch did not touch.
+SPARSE_ORACLES: Dict[str, Tuple[Any, Dict[str, Any]]] = {
+    "adam": (TouchedRowsAdam, {}),
+    "partial_rowwise_adam": (TouchedRowsAdam, {"rowwise": True}),
+}
+
+
 def min_column_shard(dmp: Any) -> Any:
     """The narrowest column shard of the plan, or None if no table is split by columns."""
     widths = []
@@ -330,7 +396,11 @@ def run_sharding_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, 
     if opt_cls is trec_optim.RowWiseAdagrad and block is not None:
         # A column-sharded table keeps row-wise state per shard: that is the semantics to compare against.
         opt_cls, opt_kwargs = ColumnShardRowWiseAdagrad, {**opt_kwargs, "block": block}
-    apply_optimizer_in_backward(opt_cls, params.parameters(), dict(opt_kwargs))
+    oracle_cls, oracle_kwargs = opt_cls, dict(opt_kwargs)
+    if case["optimizer"] in SPARSE_ORACLES and sharding_type != "data_parallel":  # replicas: a dense optimizer
+        oracle_cls, extra = SPARSE_ORACLES[case["optimizer"]]
+        oracle_kwargs.update(extra, **({"block": block} if extra.get("rowwise") else {}))
+    apply_optimizer_in_backward(oracle_cls, params.parameters(), oracle_kwargs)
     # Tables not fused into backward (data_parallel) are trained by a dense optimizer, as TorchRec users do.
     dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
     dense = KeyedOptimizerWrapper(dense_params, lambda ps: opt_cls(ps, **opt_kwargs)) if dense_params else None

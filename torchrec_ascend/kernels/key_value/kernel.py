@@ -47,6 +47,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.errors import ConfigError, InputError
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, hash_spec_of
+from torchrec_ascend.kernels import fused_adam
 from torchrec_ascend.kernels.fused import HashRows, place_vbe_output, pooled_lookup
 from torchrec_ascend.kernels.id_mapper import with_values
 from torchrec_ascend.kernels.key_value.key_index import reserve
@@ -307,7 +308,9 @@ class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
 
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None,
                  sharding_type: Any = None, env: Any = None) -> None:
-        super().__init__(_cache_config(config), pg, device, sharding_type, env)
+        cache_config = _cache_config(config)
+        super().__init__(fused_adam.stock_config(cache_config, device), pg, device, sharding_type, env)
+        fused_adam.finish(self, cache_config, device)
         self._compose_key_value(config)
 
     def forward(
@@ -354,7 +357,9 @@ class KeyValueEmbedding(KeyValueRows, BatchedFusedEmbedding):
     """KEY_VALUE kernel of EmbeddingCollection tables (hash or plain); see the module docstring."""
 
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None, env: Any = None) -> None:
-        super().__init__(_cache_config(config), pg, device)
+        cache_config = _cache_config(config)
+        super().__init__(fused_adam.stock_config(cache_config, device), pg, device)
+        fused_adam.finish(self, cache_config, device)
         self._compose_key_value(config)
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
