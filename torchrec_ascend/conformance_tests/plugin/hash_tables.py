@@ -1,7 +1,8 @@
 """Hash tables sharded by DistributedModelParallel vs. the unsharded hash module vs. a plain-Python model.
 
 Run with torchrun (see ``conformance_tests/launch.py``); each case is
-``{"kind": "ebc"|"ec", "sharding_type": ..., "optimizer": "sgd"|"adagrad"|"rowwise_adagrad", "kernel": "fused"}``,
+``{"kind": "ebc"|"ec", "sharding_type": ..., "optimizer": "sgd"|"adagrad"|"rowwise_adagrad"|"adam"|
+"partial_rowwise_adam", "kernel": "fused"}``,
 optionally ``"dedup": "index_dedup"`` (an EmbeddingCollection sharded with ``use_index_dedup=True``) or
 ``"variant"``: ``"mean"`` (MEAN pooling), ``"weighted"`` (per-sample weights), ``"int32"`` (int32 IDs below 2**31,
 lengths int32) or ``"eval"`` (after training, eval-mode forwards under ``torch.no_grad()`` with IDs never trained,
@@ -51,7 +52,7 @@ from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_def
 from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin import reused_rows
 from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency, shared_directory
-from torchrec_ascend.conformance_tests.stock.sharding_matrix import ColumnShardRowWiseAdagrad
+from torchrec_ascend.conformance_tests.stock.sharding_matrix import SPARSE_ORACLES, ColumnShardRowWiseAdagrad
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.fused import HashRows
 from torchrec_ascend.kernels.walk import sharded_kernels
@@ -149,6 +150,7 @@ class DictModel:
         self.rows: Dict[Tuple[str, int], torch.Tensor] = {}
         self.state: Dict[Tuple[str, int], torch.Tensor] = {}
         self.optimizer, self.block, self.mean = optimizer, block, mean
+        self.steps = 0  # training steps: Adam's bias correction counts the table's steps, not the row's
         self.seeds = {f"f_{n}": (n, s) for n, _, s in TABLES}
         self.training = True
 
@@ -192,10 +194,26 @@ class DictModel:
             table = self.seeds[key][0]
             for i, g in zip(ids, per_value):
                 acc[(table, i)] = acc.get((table, i), torch.zeros(DIM)) + g * scale
+        self.steps += 1
         for key, g in acc.items():
             self._update(key, g)
 
+    def _adam(self, key: Tuple[str, int], g: torch.Tensor) -> None:
+        """fbgemm's ADAM (betas 0.9, 0.999, decoupled weight decay 0), written out; PARTIAL_ROWWISE_ADAM keeps the
+        second moment per row (per column block of a column shard)."""
+        beta1, beta2, step = 0.9, 0.999, self.steps
+        blocks = DIM // self.block
+        rowwise = self.optimizer == "partial_rowwise_adam"
+        m, v = self.state.setdefault(key, torch.zeros(2, DIM)).unbind(0)
+        m.mul_(beta1).add_((1 - beta1) * g)
+        square = (g * g).view(blocks, self.block).mean(dim=1).repeat_interleave(self.block) if rowwise else g * g
+        v.mul_(beta2).add_((1 - beta2) * square)
+        self.rows[key] -= LR * (m / (1 - beta1 ** step)) / ((v / (1 - beta2 ** step)).sqrt() + EPS)
+
     def _update(self, key: Tuple[str, int], g: torch.Tensor) -> None:
+        if self.optimizer in ("adam", "partial_rowwise_adam"):
+            self._adam(key, g)
+            return
         if self.optimizer == "sgd":
             self.rows[key] -= LR * g
             return
@@ -215,6 +233,8 @@ OPTIMIZERS = {
     "sgd": (torch.optim.SGD, {"lr": LR}),
     "adagrad": (torch.optim.Adagrad, {"lr": LR, "eps": EPS}),
     "rowwise_adagrad": (trec_optim.RowWiseAdagrad, {"lr": LR, "eps": EPS}),
+    "adam": (torch.optim.Adam, {"lr": LR, "eps": EPS}),
+    "partial_rowwise_adam": (trec_optim.PartialRowWiseAdam, {"lr": LR, "eps": EPS}),
 }
 
 
@@ -328,6 +348,9 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     block = _column_block(dmp) or DIM
     if opt_cls is trec_optim.RowWiseAdagrad and block != DIM:
         opt_cls, opt_kwargs = ColumnShardRowWiseAdagrad, {**opt_kwargs, "block": block}
+    if case["optimizer"] in SPARSE_ORACLES and sharding_type != "data_parallel":  # Adam: touched rows only
+        opt_cls, extra = SPARSE_ORACLES[case["optimizer"]]
+        opt_kwargs = {**opt_kwargs, **extra, **({"block": block} if extra.get("rowwise") else {})}
     unsharded = _with_optimizer(make_module(kind, variant), kind, opt_cls, opt_kwargs)
     python = DictModel(case["optimizer"], block, mean=variant == "mean")
     scale = 1.0 / world  # TorchRec averages embedding gradients over ranks
