@@ -34,6 +34,7 @@ import torch
 from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 
 from torchrec_ascend.checkpoint.layout import ShardLayout
+from torchrec_ascend.checkpoint.policy_state import restore_pool, take_loaded
 from torchrec_ascend.checkpoint.sharded import column_offsets, id_metadata, id_shard
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.fused import HashRows
@@ -183,4 +184,4 @@ def _restore_ids(kernel: HashRows, t: int, row_ids: torch.Tensor, key: str, plac
             "row-wise split or world size; rows are placed by hash(ID) % world_size). Load it with the same plan, "
             "or move the table with torchrec_ascend.Saver, which reshards."
         )
-    table.restore(ids.clone(), slots, torch.zeros_like(ids))
+    restore_pool(kernel, t, ids.clone(), slots, take_loaded(kernel, t) if placed else None)
