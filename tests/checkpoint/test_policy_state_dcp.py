@@ -41,8 +41,8 @@ def disk() -> Iterator[str]:
 def model(kernel: str, disk: str) -> DistributedModelParallel:
     torch.manual_seed(0)
     ebc = torchrec.EmbeddingBagCollection(tables=[HashEmbeddingBagConfig(
-        name="user", embedding_dim=DIM, num_embeddings=ROWS[kernel], feature_names=["uid"], init_seed=3, overflow="evict",
-        eviction_policy="lfu", admission_policy="count", admission_options={"threshold": 2})])
+        name="user", embedding_dim=DIM, num_embeddings=ROWS[kernel], feature_names=["uid"], init_seed=3,
+        overflow="evict", eviction_policy="lfu", admission_policy="count", admission_options={"threshold": 2})])
     apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": 0.1})
     extra: Dict[str, Any] = {"cache_params": CacheParams(load_factor=0.05), "key_value_params": KeyValueParams(
         l2_cache_size=1e-6, ssd_storage_directory=disk)} if kernel == "key_value" else {}

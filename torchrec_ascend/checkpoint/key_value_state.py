@@ -205,7 +205,7 @@ class TableView:
         saved = take_loaded(self.kernel, self.t) if self.layout.hash_ids else None
         pooled = ShardRows(_EMPTY, _EMPTY, _EMPTY, torch.zeros(0, self.width))
         current = self.kernel.shard_state(self.t)
-        state = {k: current[k] for k in ("step", "counters", "swaps") if k in current}
+        state: Dict[str, Any] = {k: current[k] for k in ("step", "counters", "swaps") if k in current}
         if saved is not None and saved.layout == self.layout:  # the same plan: the cache and policies as saved
             pooled = self._saved_pool(saved, chunks())
             state = saved.state
@@ -433,8 +433,9 @@ def views_of(kernel: KeyValueRows) -> KernelViews:
 
 
 def install_views(module: torch.nn.Module, sharded_tensors: Dict[str, ShardedTensor]) -> None:
-    """Give every KEY_VALUE kernel of a sharded collection its :class:`KernelViews`, and make the collection's own ShardedTensor of each KEY_VALUE table (``sharded_tensors``,
-    which TorchRec deep-copies on every ``state_dict()`` call) windows that hold no rows."""
+    """Give every KEY_VALUE kernel of a sharded collection its :class:`KernelViews`, and make the collection's own
+    ShardedTensor of each KEY_VALUE table (``sharded_tensors``, which TorchRec deep-copies on every ``state_dict()``
+    call) windows that hold no rows."""
     for name, (kernel, t) in key_value_shards(module).items():
         views_of(kernel)
         if name in sharded_tensors:

@@ -4,8 +4,9 @@ Besides its rows, a hash table shard holds what decides which IDs get a row and 
 its pool (a FUSED table's rows, a KEY_VALUE table's device cache) holds at which slot and when each was last used,
 the ID map's free slots, the step, the counters, the optimizer's iteration, and its eviction, cadence and admission
 policies' state. ``fused_optimizer.state_dict()`` carries it next to the table's optimizer states as
-``<table>.policy_state``: ``{"<shard index>": bytes}``, one entry per shard of the table this rank holds (the index
-of the shard in the table's sharding), so DCP writes each rank's own and reads it back where that shard is.
+``<table>.policy_state``: ``{"<shard index>": bytes, "version": tensor}``, one entry per shard of the table this rank
+holds (the index of the shard in the table's sharding), so DCP writes each rank's own and reads it back where that
+shard is.
 
 The bytes are a NumPy ``.npz`` archive (read with ``allow_pickle=False``: never pickle): the shard's layout and JSON
 values in a ``header`` array, the tensors as arrays. A loaded entry (DCP loads in place; ``load_state_dict`` hands
@@ -45,6 +46,7 @@ from torchrec_ascend.kernels.fused import HashRows
 #: The key suffix of a hash table's entry in its fused optimizer's state: ``<table>.policy_state``.
 POLICY_STATE = "policy_state"
 _FORMAT = 1
+_VERSION = "version"
 _POOLED = ("ids", "slots", "last_used")
 
 
@@ -89,7 +91,8 @@ def encode(kernel: HashRows, t: int) -> bytes:
     except TypeError as error:
         raise ConfigError(f"hash table {info.name!r}: a policy keeps state NumPy cannot hold ({error}); keep policy "
                           "state in int, float or bool tensors") from None
-    np.savez(buffer, header=np.frombuffer(header.encode(), dtype=np.uint8), **numpy_arrays)
+    numpy_arrays["header"] = np.frombuffer(header.encode(), dtype=np.uint8)
+    np.savez(buffer, **numpy_arrays)  # type: ignore[arg-type]  # numpy's stub types the keywords as allow_pickle
     return buffer.getvalue()
 
 
@@ -126,7 +129,7 @@ def decode(data: Any, table: str) -> SavedShard:
             state[group][name] = value
         else:
             state[key] = value
-    return SavedShard(layout, *pooled, state)
+    return SavedShard(layout, pooled[0], pooled[1], pooled[2], state)
 
 
 class PolicyState:
@@ -148,6 +151,9 @@ class PolicyState:
     def state_dict(self) -> Dict[str, Any]:
         slot = _Slot({shard_key(kernel, t): encode(kernel, t) for kernel, t in self.shards})
         slot.given = dict(slot)
+        # A tensor member: DCP's keys for checkpoints before torch 2.4 (which it falls back to when a rank lacks
+        # keys of the checkpoint, as every rank lacks the other ranks' shards here) then name each shard too.
+        slot[_VERSION] = torch.tensor(_FORMAT)
         self._register(weakref.ref(slot))  # the caller's state_dict holds it (and DCP loads into it) or drops it
         return slot
 
@@ -166,7 +172,7 @@ class PolicyState:
             _latest.setdefault(kernel, {})[t] = slot
 
 
-class _Slot(dict):  # type: ignore[type-arg]
+class _Slot(dict):
     """The ``{shard index: bytes}`` one ``state_dict()`` handed out: DCP loads into it in place, so a value that is
     not the one given was loaded."""
 
