@@ -15,12 +15,12 @@ What is covered by which path:
   size, sharding type or column split; see :mod:`~torchrec_ascend.checkpoint.restore`). The rest of the model then
   goes through DCP: :func:`dense_state_dict` gives ``state_dict()`` without the Saver's tables.
 
-The Saver's files: one data file per rank plus a JSON metadata file per save; raw arrays with CRC-32 checksums, never pickle;
-every file written atomically; a save exists once its metadata file is renamed into place, so a save killed at any
-point leaves the previous ones loadable (:mod:`~torchrec_ascend.checkpoint.versions`). Damaged files raise
-:class:`~torchrec_ascend.errors.StorageError` naming the file. Checkpoints are untrusted input: the metadata is
-checked field by field (:mod:`~torchrec_ascend.checkpoint.schema`), file names never leave their folder, nothing is
-allocated beyond a file's size, and a load reads and checks everything on every rank before it changes any table.
+The Saver's files: one data file per rank plus a JSON metadata file per save; raw arrays with CRC-32 checksums,
+never pickle; every file written atomically; a save exists once its metadata file is renamed into place, so a save
+killed at any point leaves the previous ones loadable (:mod:`~torchrec_ascend.checkpoint.versions`). Damaged files
+raise :class:`~torchrec_ascend.errors.StorageError` naming the file. Checkpoints are untrusted input: the metadata
+is checked field by field (:mod:`~torchrec_ascend.checkpoint.schema`), file names never leave their folder, nothing
+is allocated beyond a file's size, and a load reads and checks everything on every rank before it changes any table.
 
 Example::
 
