@@ -32,6 +32,8 @@ Faults in torchrec-ascend's own parts:
 * ``saver_removed``: an incremental save records no IDs that left a shard since the previous save.
 * ``kv_state_dict_placeholder``: KEY_VALUE tables' stock ``state_dict()`` entries are TorchRec's placeholders again
   (zeros of the table's shape, no ``weight_id``): their rows are not in a DCP checkpoint.
+* ``policy_state_dropped``: a hash table's loaded ``policy_state`` is never applied (DCP loads restore rows only;
+  caches and policies start over).
 
 ``TORCHREC_ASCEND_TEST_FAULT`` may name several faults, comma-separated (of different modules).
 """
@@ -245,6 +247,12 @@ def _kv_state_dict_placeholder_patch() -> None:
     key_value_state.add_key_value_entries = lambda module, destination, prefix, attr: None
 
 
+def _policy_state_dropped_patch() -> None:
+    from torchrec_ascend.checkpoint import policy_state
+
+    policy_state.take_loaded = lambda kernel, t: None
+
+
 FAULTS = {
     "bucketize_off_by_one": _bucketize_off_by_one,
     "drop_update": _drop_update,
@@ -260,6 +268,7 @@ FAULTS = {
     "saver_removed": _after_import("torchrec_ascend.kernels.fused", _saver_removed_patch),
     "kv_state_dict_placeholder": _after_import("torchrec_ascend.checkpoint.key_value_state",
                                                _kv_state_dict_placeholder_patch),
+    "policy_state_dropped": _after_import("torchrec_ascend.checkpoint.policy_state", _policy_state_dropped_patch),
 }
 for _name in os.environ[FAULT_ENV].split(","):
     FAULTS[_name]()

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -44,6 +44,8 @@ from torch.distributed._shard.metadata import ShardMetadata
 from torch.distributed._shard.sharded_tensor import ShardedTensor, ShardedTensorMetadata
 
 from torchrec_ascend.checkpoint.layout import ShardLayout
+from torchrec_ascend.checkpoint.policy_state import POLICY_STATE, SavedShard, awaited, take_loaded
+from torchrec_ascend.checkpoint.restore import trial_slot_restore
 from torchrec_ascend.checkpoint.row_window import RowWindow
 from torchrec_ascend.checkpoint.sharded import column_offsets, id_metadata, rank_of, window_rows, windowed
 from torchrec_ascend.checkpoint.stock import refuse_rows_without_ids
@@ -141,7 +143,7 @@ class TableView:
             records[:, start:start + values[0].numel()] = values.reshape(rows, -1).float()
             staging.write(row0, records)
         staging.written[part] += values.numel()
-        if all(staging.written[p] == self._size(p) for p in self.parts()):
+        if all(staging.written[p] == self._size(p) for p in self.parts()) and not awaited(self.kernel, self.t):
             self.settle()  # everything is in (a whole DCP load of model and optimizer): apply it now
 
     # -- loads --------------------------------------------------------------------------------------------------------
@@ -187,7 +189,8 @@ class TableView:
                 col0, width = self._columns[part]
                 keep[col0:col0 + width] = True
 
-        def chunks() -> Any:
+        def chunks() -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+            """``(keys, records, mask)`` of each window of staged rows: ``mask``, the rows holding a record."""
             step = self._step
             for row0 in range(0, self.rows, step):
                 rows = min(step, self.rows - row0)
@@ -197,13 +200,53 @@ class TableView:
                 if not self.layout.hash_ids:  # a row still at its initial value needs no record (it reads as one)
                     initial = self.kernel.initial_rows(self.t, self.layout.to_global(keys[row0:row0 + rows]))
                     mask &= ~((records[:, :self.cols] == initial).all(1) & (records[:, self.cols:] == 0).all(1))
-                yield keys[row0:row0 + rows][mask], records[mask]
+                yield keys[row0:row0 + rows], records, mask
 
-        state = self.kernel.shard_state(self.t)
-        state = {k: state[k] for k in ("step", "counters", "swaps") if k in state}
-        self.kernel.checkpoint.restore_shard(self.t, ShardRows(_EMPTY, _EMPTY, _EMPTY, torch.zeros(0, self.width)),
-                                             chunks(), state)
+        saved = take_loaded(self.kernel, self.t) if self.layout.hash_ids else None
+        pooled = ShardRows(_EMPTY, _EMPTY, _EMPTY, torch.zeros(0, self.width))
+        current = self.kernel.shard_state(self.t)
+        state: Dict[str, Any] = {k: current[k] for k in ("step", "counters", "swaps") if k in current}
+        if saved is not None and saved.layout == self.layout:  # the same plan: the cache and policies as saved
+            pooled = self._saved_pool(saved, chunks())
+            state = saved.state
+            trial_slot_restore(self.kernel, self.t, pooled.ids, pooled.slots, pooled.last_used, state,
+                               f"KEY_VALUE table {self.name!r}: the loaded {POLICY_STATE}'s IDs and state")
+        elif saved is not None:  # another plan: policies start over at the saved step
+            state["step"] = int(saved.state.get("step", 0))
+        in_pool = torch.sort(pooled.ids).values
+
+        def lower() -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+            for keys_, records, mask in chunks():
+                mask &= ~torch.isin(keys_, in_pool)
+                yield keys_[mask], records[mask]
+
+        self.kernel.checkpoint.restore_shard(self.t, pooled, lower(), state)
+        if saved is not None and "iteration" in saved.state:
+            self.kernel.set_optimizer_iteration(int(saved.state["iteration"]))
         self._ids = keys.clone() if self.layout.hash_ids else None
+
+    def _saved_pool(self, saved: SavedShard, chunks: Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+                    ) -> ShardRows:
+        """The saved cache: each pooled ID of ``saved`` at its slot, with its staged record.
+
+        Raises:
+            ConfigError: a pooled ID is not among the loaded rows (model and optimizer state from different saves).
+        """
+        order = torch.argsort(saved.ids)
+        ids = saved.ids[order]
+        rows = torch.zeros(ids.numel(), self.width)
+        found = 0
+        for keys, records, mask in chunks:
+            cached = mask & torch.isin(keys, ids)
+            rows[torch.searchsorted(ids, keys[cached])] = records[cached]
+            found += int(cached.sum())
+        if found != ids.numel():
+            raise ConfigError(
+                f"KEY_VALUE table {self.name!r}: the loaded {POLICY_STATE} caches {ids.numel() - found} IDs that are "
+                "not among the loaded rows (the model's and the optimizer's state_dict come from different saves); "
+                "nothing was changed. Load both from one checkpoint"
+            )
+        return ShardRows(ids, saved.slots[order], saved.last_used[order], rows)
 
     def _check_ids(self, ids: torch.Tensor) -> None:
         if ids.numel() != torch.unique(ids).numel():
@@ -381,19 +424,18 @@ class KernelViews:
 
 
 def views_of(kernel: KeyValueRows) -> KernelViews:
-    """The kernel's :class:`KernelViews`, made (and registered with the kernel and its optimizer) on first use."""
+    """The kernel's :class:`KernelViews`, made (and registered with the kernel) on first use."""
     views = kernel.load_hook_owner()
     if not isinstance(views, KernelViews):
         views = KernelViews(kernel)
         kernel.set_load_hook(views, views.settle)
-        _table_sized_optimizer(kernel.fused_optimizer, views)  # type: ignore[attr-defined]  # TorchRec kernel's
     return views
 
 
 def install_views(module: torch.nn.Module, sharded_tensors: Dict[str, ShardedTensor]) -> None:
-    """Give every KEY_VALUE kernel of a sharded collection its :class:`KernelViews` (its fused optimizer's state is
-    table-sized from now on), and make the collection's own ShardedTensor of each KEY_VALUE table (``sharded_tensors``,
-    which TorchRec deep-copies on every ``state_dict()`` call) windows that hold no rows."""
+    """Give every KEY_VALUE kernel of a sharded collection its :class:`KernelViews`, and make the collection's own
+    ShardedTensor of each KEY_VALUE table (``sharded_tensors``, which TorchRec deep-copies on every ``state_dict()``
+    call) windows that hold no rows."""
     for name, (kernel, t) in key_value_shards(module).items():
         views_of(kernel)
         if name in sharded_tensors:
@@ -439,42 +481,6 @@ def key_value_shards(module: torch.nn.Module) -> Dict[str, Tuple[KeyValueRows, i
                                       "each rank holds at most one")
                 shards[name] = (kernel, t)
     return shards
-
-
-def _table_sized_optimizer(optimizer: Any, views: KernelViews) -> None:
-    """Make ``optimizer.state`` (TorchRec's fused optimizer of the kernel, read by ``state_dict()`` and
-    ``load_state_dict()``) give the table-sized views of the states instead of the device cache's."""
-    if isinstance(optimizer, _TableSizedState):
-        return
-    optimizer.__class__ = type(f"TableSized{type(optimizer).__name__}", (_TableSizedState, type(optimizer)), {})
-    optimizer._table_views = views
-
-
-class _TableSizedState:
-    """Mixed into a KEY_VALUE kernel's fused optimizer: ``state`` maps each table's states to table-sized views."""
-
-    _table_views: KernelViews
-
-    @property
-    def state(self) -> Dict[Any, Dict[str, Any]]:
-        cache_states = self.__dict__["state"]
-        kernel = self._table_views.kernel
-        names = [kernel.shard_info(t).name for t in range(kernel.num_tables)]
-        out: Dict[Any, Dict[str, Any]] = {}
-        for param, states in cache_states.items():
-            out[param] = {}
-            for name, value in states.items():
-                t = next((t for t, table in enumerate(names) if name.startswith(table + ".")), None)
-                if t is None or not isinstance(value, ShardedTensor):
-                    out[param][name] = value
-                    continue
-                k = [n for n in states if n.startswith(names[t] + ".")].index(name)
-                out[param][name] = self._table_views.table(t).optimizer_state(k, value)
-        return out
-
-    @state.setter
-    def state(self, value: Dict[Any, Dict[str, Any]]) -> None:
-        self.__dict__["state"] = value
 
 
 def add_key_value_entries(module: torch.nn.Module, destination: Dict[str, Any], prefix: str, attr: str) -> None:

@@ -173,11 +173,24 @@ def _trial_restore(
         problem = "hold rows without a pool slot, but a FUSED table keeps every row in its pool"
     if problem is not None:
         raise StorageError(f"{where} {problem}; the checkpoint is corrupted")
-    table = kernel.slot_table(t)
     pooled = records.pooled
+    trial_slot_restore(kernel, t, pooled.ids, pooled.slots, pooled.last_used, state, where)
+
+
+def trial_slot_restore(kernel: HashRows, t: int, ids: torch.Tensor, slots: torch.Tensor, last_used: torch.Tensor,
+                       state: Dict[str, Any], where: str) -> None:
+    """Restore ``ids`` at ``slots`` with ``state`` into a fresh slot table of shard ``t``'s options (IDs, slots, free
+    slots, policy state), leaving the shard untouched; ``where`` starts every message.
+
+    Raises:
+        CapacityError: more IDs than the shard holds.
+        ConfigError: a policy state that does not fit the table's policies.
+        StorageError: anything else the restore raises (a damaged or crafted state).
+    """
+    table = kernel.slot_table(t)
     try:
         trial = SlotTable(table.table, table.spec, table.capacity + 1, table.overflow)
-        trial.restore(pooled.ids, pooled.slots, pooled.last_used, state)
+        trial.restore(ids, slots, last_used, state)
     except CapacityError:
         raise
     except ConfigError as error:

@@ -7,11 +7,11 @@ the weight's rows. Stock ``load_state_dict()`` and ``torch.distributed.checkpoin
 table with the same sharding plan; DCP may also move a table to a layout without hash placement (e.g. row_wise ->
 table_wise). A load that would put an ID on a shard that does not own it (another world size or
 row-wise split) raises a :class:`~torchrec_ascend.errors.ConfigError` naming the table: reshard with the
-:class:`~torchrec_ascend.checkpoint.Saver`, which also keeps policy state and KEY_VALUE tiers.
+:class:`~torchrec_ascend.checkpoint.Saver`. The table's policy state comes through ``fused_optimizer.state_dict()``
+(:mod:`~torchrec_ascend.checkpoint.policy_state`) and is applied with its IDs.
 
 :func:`dense_state_dict` gives what stock DCP should carry when the Saver carries the tables: ``state_dict()``
-without hash tables and KEY_VALUE tables (whose entry is a zero-cost placeholder, which DCP would write out as zeros
-of the table's full size); load it back with ``load_state_dict(..., strict=False)``.
+without hash tables and KEY_VALUE tables; load it back with ``load_state_dict(..., strict=False)``.
 
 Example::
 
@@ -34,6 +34,7 @@ import torch
 from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor
 
 from torchrec_ascend.checkpoint.layout import ShardLayout
+from torchrec_ascend.checkpoint.policy_state import restore_pool, take_loaded
 from torchrec_ascend.checkpoint.sharded import column_offsets, id_metadata, id_shard
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.fused import HashRows
@@ -172,7 +173,8 @@ def _row_ids(kernel: HashRows, t: int) -> torch.Tensor:
 
 
 def _restore_ids(kernel: HashRows, t: int, row_ids: torch.Tensor, key: str, placed: bool) -> None:
-    """Make shard ``t`` hold ``row_ids`` (one per row, -1 for none); ``placed``: the shard owns a row block."""
+    """Make shard ``t`` hold ``row_ids`` (one per row, -1 for none), with the policy state loaded for it if any;
+    ``placed``: the shard owns a row block."""
     table = kernel.slot_table(t)
     slots = (row_ids >= 0).nonzero().squeeze(1)
     ids = row_ids[slots]
@@ -183,4 +185,4 @@ def _restore_ids(kernel: HashRows, t: int, row_ids: torch.Tensor, key: str, plac
             "row-wise split or world size; rows are placed by hash(ID) % world_size). Load it with the same plan, "
             "or move the table with torchrec_ascend.Saver, which reshards."
         )
-    table.restore(ids.clone(), slots, torch.zeros_like(ids))
+    restore_pool(kernel, t, ids.clone(), slots, take_loaded(kernel, t) if placed else None)

@@ -159,9 +159,11 @@ def _torch_state(original: Callable[..., None]) -> Callable[..., None]:
         original(self, skip_registering)
         if not skip_registering:
             from torchrec_ascend.checkpoint.key_value_state import add_key_value_entries, install_views
+            from torchrec_ascend.checkpoint.optimizer_state import install_optimizer_state
             from torchrec_ascend.checkpoint.stock import add_weight_ids
 
             install_views(self, self._model_parallel_name_to_sharded_tensor)
+            install_optimizer_state(self)
 
             def hook(module: Any, destination: Dict[str, Any], prefix: str, _: Any) -> None:
                 add_weight_ids(module, destination, prefix, _tables_attr(module))
