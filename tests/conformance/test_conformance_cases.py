@@ -17,7 +17,10 @@ from torchrec_ascend.backends import profile_for
 from torchrec_ascend.conformance_tests import cases as C
 
 ALL_TYPES = C.STOCK_SHARDING_TYPES["ebc"]
-FBGEMM_OPTIMIZERS = (*C.SCRIPT_OPTIMIZERS.values(), "ADAM", "EMAINPLACE_ROWWISE_ADAGRAD")
+FBGEMM_OPTIMIZERS = (*C.SCRIPT_OPTIMIZERS.values(), "ADAM", "PARTIAL_ROWWISE_ADAM", "EMAINPLACE_ROWWISE_ADAGRAD")
+# The Adam cases, written out: (script name, fbgemm name, the (kind, sharding type) pairs each runs).
+ADAM = (("adam", "ADAM", {("ebc", "row_wise"), ("ec", "column_wise"), ("ec", "table_wise")}),
+        ("partial_rowwise_adam", "PARTIAL_ROWWISE_ADAM", {("ebc", "column_wise")}))
 KERNELS = ("fused", "key_value", "fused_uvm_caching")
 
 
@@ -53,8 +56,10 @@ def runnable_grid(cases):
 
 def expected_grid(profile, types):
     optimizers = [n for n, f in C.SCRIPT_OPTIMIZERS.items() if f in profile.fused_optimizers]
-    return sorted((kind, t, o) for kind, kind_types in types.items()
-                  for t, o in itertools.product(kind_types, optimizers) if t in profile.sharding_types)
+    adam = [(kind, t, name) for name, fbgemm, pairs in ADAM if fbgemm in profile.fused_optimizers
+            for kind, t in pairs if t in types.get(kind, ()) and t in profile.sharding_types]
+    return sorted([(kind, t, o) for kind, kind_types in types.items()
+                   for t, o in itertools.product(kind_types, optimizers) if t in profile.sharding_types] + adam)
 
 
 @settings(deadline=None, max_examples=60)
@@ -74,7 +79,7 @@ def test_sharding_grid_is_exactly_what_the_device_supports(profile: FakeProfile,
     for name, fbgemm in C.SCRIPT_OPTIMIZERS.items():
         if fbgemm not in profile.fused_optimizers:
             assert skipped[name] == f"{fbgemm} is not supported on {profile.device_type}"
-    for fbgemm in set(profile.fused_optimizers) - set(C.SCRIPT_OPTIMIZERS.values()):
+    for fbgemm in set(profile.fused_optimizers) - set(C.SCRIPT_OPTIMIZERS.values()) - {f for _, f, _ in ADAM}:
         assert "no unsharded oracle" in skipped[fbgemm]
     assert "fused_uvm_caching" in skipped or "fused_uvm_caching" not in profile.compute_kernels
 

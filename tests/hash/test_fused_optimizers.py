@@ -29,9 +29,12 @@ def shard(optimizer: type, hashed: bool) -> DistributedModelParallel:
 
 
 @pytest.mark.parametrize("hashed", [True, False], ids=["hash", "plain"])
-def test_adam_on_cpu_is_a_clear_error(hashed: bool) -> None:
-    with pytest.raises(ConfigError, match=r"\[user\].*cpu backend cannot fuse ADAM.*EXACT_ADAGRAD"):
-        shard(torch.optim.Adam, hashed)
+def test_lamb_on_cpu_is_a_clear_error(hashed: bool) -> None:
+    """ADAM and PARTIAL_ROWWISE_ADAM run on the CPU (tests/optimizers); LAMB does not, and says so."""
+    import torchrec.optim as trec_optim
+
+    with pytest.raises(ConfigError, match=r"\[user\].*cpu backend cannot fuse LAMB.*EXACT_ADAGRAD.*ADAM"):
+        shard(trec_optim.LAMB, hashed)
 
 
 def test_emainplace_rowwise_adagrad_on_cpu_is_refused() -> None:
@@ -49,5 +52,6 @@ def test_emainplace_rowwise_adagrad_on_cpu_is_refused() -> None:
                                  device=torch.device("cpu"), plan=plan, sharders=[sharder])
 
 
-def test_supported_optimizer_shards() -> None:
-    assert shard(torch.optim.Adagrad, hashed=True) is not None
+@pytest.mark.parametrize("optimizer", [torch.optim.Adagrad, torch.optim.Adam], ids=["adagrad", "adam"])
+def test_supported_optimizer_shards(optimizer: type) -> None:
+    assert shard(optimizer, hashed=True) is not None

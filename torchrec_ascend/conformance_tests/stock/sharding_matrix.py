@@ -316,7 +316,7 @@ class TouchedRowsAdam(torch.optim.Optimizer):
         g, w, step = p.grad[rows], p[rows], state["step"]
         block = group["block"] or p.shape[1]
         m = beta1 * state["exp_avg"][rows] + (1 - beta1) * g
-        square = (g * g).view(len(rows), -1, block).mean(dim=2).repeat_interleave(block, dim=1)
+        square = (g * g).view(len(rows), p.shape[1] // block, block).mean(dim=2).repeat_interleave(block, dim=1)
         v = beta2 * state["exp_avg_sq"][rows] + (1 - beta2) * square  # the row's value, repeated per column
         m_hat, v_hat = m / (1 - beta1 ** step), v / (1 - beta2 ** step)
         p[rows] = w - group["lr"] * (m_hat / (v_hat.sqrt() + group["eps"]) + group["weight_decay"] * w)
