@@ -35,6 +35,16 @@ Faults in torchrec-ascend's own parts:
 * ``policy_state_dropped``: a hash table's loaded ``policy_state`` is never applied (DCP loads restore rows only;
   caches and policies start over).
 
+Faults only the emulated NPU's stream-order check sees (work there runs synchronously on the host, so the numbers
+stay right; on hardware they would not):
+
+* ``stage_wait_missing``: the pipeline's stage hand-over records the batch on the next stage's stream but no longer
+  makes that stream wait for the previous stage's event.
+* ``record_stream_missing``: the hand-over waits but no longer calls ``record_stream``, so a batch freed after
+  compute returns to its copy stream's allocator while compute may still use it.
+* ``host_read_in_flight``: the row-wise hash input dist copies the batch's IDs to the host with
+  ``non_blocking=True`` and reads them without waiting for the copy.
+
 ``TORCHREC_ASCEND_TEST_FAULT`` may name several faults, comma-separated (of different modules).
 """
 
@@ -253,6 +263,37 @@ def _policy_state_dropped_patch() -> None:
     policy_state.take_loaded = lambda kernel, t: None
 
 
+def _stage_wait_missing_patch() -> None:
+    from torchrec_ascend.pipeline.streams import PipelineStreams
+
+    def wait(self: Any, event: Any, tensors: Any = None) -> None:
+        if event is not None and tensors is not None:  # the batch is recorded, but nothing waits for its event
+            tensors.record_stream(self._module.current_stream())
+
+    PipelineStreams.wait = wait
+
+
+def _record_stream_missing_patch() -> None:
+    from torchrec_ascend.pipeline.streams import PipelineStreams
+
+    def wait(self: Any, event: Any, tensors: Any = None) -> None:
+        if event is not None:  # waits, but the batch is not recorded on this stream
+            self._module.current_stream().wait_event(event)
+
+    PipelineStreams.wait = wait
+
+
+def _host_read_in_flight_patch() -> None:
+    from torchrec_ascend.sharders import hash_row_wise
+
+    original = hash_row_wise._move
+
+    def move(tensors: Any, device: Any, non_blocking: bool) -> Any:
+        return original(tensors, device, True)  # also towards the host, whose reads then do not wait
+
+    hash_row_wise._move = move
+
+
 FAULTS = {
     "bucketize_off_by_one": _bucketize_off_by_one,
     "drop_update": _drop_update,
@@ -269,6 +310,9 @@ FAULTS = {
     "kv_state_dict_placeholder": _after_import("torchrec_ascend.checkpoint.key_value_state",
                                                _kv_state_dict_placeholder_patch),
     "policy_state_dropped": _after_import("torchrec_ascend.checkpoint.policy_state", _policy_state_dropped_patch),
+    "stage_wait_missing": _after_import("torchrec_ascend.pipeline.streams", _stage_wait_missing_patch),
+    "record_stream_missing": _after_import("torchrec_ascend.pipeline.streams", _record_stream_missing_patch),
+    "host_read_in_flight": _after_import("torchrec_ascend.sharders.hash_row_wise", _host_read_in_flight_patch),
 }
 for _name in os.environ[FAULT_ENV].split(","):
     FAULTS[_name]()

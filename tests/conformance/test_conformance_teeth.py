@@ -5,7 +5,8 @@ one ``torchrec-ascend conformance --quick --only CHECK`` run in a subprocess) an
 bucketization, one fused optimizer update) or torchrec-ascend's own parts (the hash bucketizer, the slot table's
 eviction, the KEY_VALUE swap of optimizer state, the Saver, the dedup reverse index, a reused row's optimizer
 state in FUSED and KEY_VALUE, the pins of the batch in compute, the IDs an incremental save removes, and on the
-emulated NPU a dropped host-to-device copy; issue 31's four faults also together on the emulated NPU). The same
+emulated NPU a dropped host-to-device copy and the stream-order check's faults: a missing stage wait, a missing
+``record_stream``, a host read of an in-flight copy; issue 31's four faults also together on the emulated NPU). The same
 command without the fault is the control: it must pass, so the failures come from the fault; each fault must fail
 the cases that exercise the broken part, the check named. Broken policy:
 ``broken_policy_plugin.py`` is registered in-process and checked with ``--policy`` next to a healthy one. Oracle:
@@ -287,3 +288,24 @@ def test_a_dropped_device_transfer_fails_the_emulated_run(emulated_npu: None, fa
     assert status == 1, output
     assert outcomes and set(outcomes.values()) == {"failed"}, output
     assert "Expected all tensors to be on the same device" in output, output
+
+
+#: Faults only the emulated NPU's stream-order check sees (the numbers stay right there): fault -> (the quick check
+#: that runs the broken part, what the failure says).
+STREAM_FAULTS = {
+    "stage_wait_missing": ("pipeline", "with nothing ordering the two"),
+    "record_stream_missing": ("pipeline", "no record_stream"),
+    "host_read_in_flight": ("hash_tables", "host read of a pinned buffer"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(STREAM_FAULTS))
+def test_a_stream_order_fault_fails_the_emulated_run(fault: str, emulated_npu: None, fault_site: Path,
+                                                     tmp_path: Path) -> None:
+    from torchrec_ascend.testing.emulated_npu import STREAM_CHECK
+
+    check, phrase = STREAM_FAULTS[fault]
+    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": fault}
+    status, output, outcomes = run_cli(EMULATED + ["--quick", "--only", check], tmp_path, env)
+    assert status == 1 and "failed" in outcomes.values(), output
+    assert STREAM_CHECK in output and phrase in output, output

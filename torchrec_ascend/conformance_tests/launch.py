@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -121,5 +122,13 @@ def ran_on(run: Mapping[str, Any]) -> str:
 
 
 def _tail(*streams: Any, limit: int = 6000) -> str:
+    """The end of the output, after the first error a rank raised: a rank that failed first often leaves the other
+    ranks waiting in a collective, whose timeouts then fill the end."""
     text = "\n".join(s.decode() if isinstance(s, bytes) else (s or "") for s in streams)
-    return text[-limit:]
+    first = next((line for line in text.splitlines() if _ERROR_LINE.match(line)), "")
+    tail = text[-limit:]
+    return tail if not first or first in tail else f"first error: {first[:2000]}\n...\n{tail}"
+
+
+#: A Python exception line (``RuntimeError: ...``, ``pkg.module.SomeError: ...``), as a traceback ends.
+_ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception): ")

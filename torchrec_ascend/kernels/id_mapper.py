@@ -48,6 +48,12 @@ def with_values(features: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJagge
     )
 
 
+
+def _has_streams(device: torch.device) -> bool:
+    """Whether ``device`` is the accelerator (work on it runs on streams)."""
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return accelerator is not None and accelerator.type == device.type
+
 class IdMapper:
     """Raw IDs -> pool rows for one kernel, with prefetch and pins.
 
@@ -87,6 +93,10 @@ class IdMapper:
         self._in_compute: List[torch.Tensor] = []  # pinned slots of the batch between its lookup and the next
         self._prefetching = False  # set by the first prefetch: from then on lookups pin their batch's rows
         self._rows_lock = threading.Lock()  # prefetch (a host thread) and lookup (the compute thread) both map IDs
+        # Recorded on the compute stream by each pipelined lookup, after the rows it released and wrote: a prefetch
+        # on another stream waits for it before it may evict (read) those rows (found by the emulated npu's stream
+        # check: the previous batch's optimizer update could still be in flight).
+        self._released: Optional[Any] = None
         self.prefetched_batches = 0  # lookups that found their rows ready
 
     def set_pipeline_depth(self, depth: int) -> None:
@@ -119,6 +129,8 @@ class IdMapper:
             if waiting or not self.fits(on_host):
                 self._prefetched[key] = (indices, None, None)  # later batches must not take rows this one needs first
             else:
+                if self._released is not None:
+                    torch.accelerator.current_stream(indices.device).wait_event(self._released)
                 rows, slots = self.map_on_host(on_host, indices.device)
                 self._prefetched[key] = (indices, rows, self._pin(slots))
             while len(self._prefetched) > self._pipeline_depth + 1:  # batches a pipeline dropped (detach, end)
@@ -146,6 +158,9 @@ class IdMapper:
                 rows, slots = self.map_on_host(with_values(features, to_host(values)), values.device)
                 mapped = with_values(features, rows)
                 self._in_compute = self._pin(slots)
+            if _has_streams(values.device):
+                self._released = torch.Event(device=values.device)
+                self._released.record()
             return mapped
 
     def map_now(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:

@@ -115,6 +115,9 @@ def build_lanes(
 
     def post_input_step(index: int, item: BatchInFlight) -> BatchInFlight:
         with streams.use(streams.prefetch):
+            # A cached table's prefetch evicts rows whose last updates (the optimizer's, a new row's initial
+            # values) compute issued on its stream: read them after those, not beside them.
+            streams.follow(streams.compute)
             input_dist.prefetch(modules, item.context, workers, forward_stream=streams.compute)
         item.ready = streams.mark(streams.prefetch)
         return item

@@ -32,6 +32,8 @@ from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
+import torch
+
 from torchrec_ascend.pipeline.stages import PipelineStageError, Stage
 
 StageFn = Callable[[int, Any], Any]
@@ -185,7 +187,17 @@ class ModuleWorkers:
     def map(self, fn: Callable[[T], R], items: Sequence[T]) -> List[R]:
         if self._pool is None or len(items) < 2:
             return [fn(item) for item in items]
-        return list(self._pool.map(fn, items))
+        # A pool thread's current stream is its own (the default stream, where compute runs): without this a
+        # stage's device work left its stage's stream, unordered with it (found by the emulated npu's stream check).
+        stream = torch.accelerator.current_stream() if torch.accelerator.is_available() else None
+        if stream is None:
+            return list(self._pool.map(fn, items))
+
+        def on_callers_stream(item: T) -> R:
+            with stream:
+                return fn(item)
+
+        return list(self._pool.map(on_callers_stream, items))
 
     def shutdown(self) -> None:
         if self._pool is not None:

@@ -63,6 +63,11 @@ class PipelineStreams:
         event.record(stream)
         return event
 
+    def follow(self, stream: Optional[torch.Stream]) -> None:
+        """Make this thread's current stream wait for all work issued on ``stream`` so far (nothing without streams)."""
+        if stream is not None:
+            self._module.current_stream().wait_stream(stream)
+
     def wait(self, event: Optional[Any], tensors: Optional[Any] = None) -> None:
         """Make this thread's current stream wait for ``event``; record ``tensors`` (a Pipelineable) on it."""
         if event is None:

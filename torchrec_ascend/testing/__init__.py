@@ -9,7 +9,8 @@ API (everything else is private)::
 
     from torchrec_ascend.testing import emulated_npu
 
-    emulated_npu.install(device_count=8, withhold=emulated_npu.WITHHELD_BY_DEFAULT)   # idempotent
+    emulated_npu.install(device_count=8, withhold=emulated_npu.WITHHELD_BY_DEFAULT, stream_check=None)  # idempotent
+    emulated_npu.set_stream_check(True), emulated_npu.stream_check_enabled(), emulated_npu.check_streams()
     emulated_npu.COLLECTIVE_BACKEND            # "hccl": init_process_group("cpu:gloo,npu:hccl")
     emulated_npu.counters()                    # Counts(h2d, h2d_bytes, d2h, d2h_bytes, d2d, syncs) so far
     with emulated_npu.measure() as step:       # counts of one block (a training step)

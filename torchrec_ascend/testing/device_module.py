@@ -2,7 +2,8 @@
 
 It has the shape of torch_npu's ``torch.npu`` for what TorchRec and torchrec-ascend call: devices, streams with a
 current stream per thread and device, events, synchronisation and memory statistics. Work on the emulator runs
-synchronously on the host, so streams order nothing; they exist so that stream-handling code runs as written.
+synchronously on the host; streams, events and waits feed the stream-order check (see
+:mod:`torchrec_ascend.testing.emulated_npu`), which fails where hardware could run two streams' work out of order.
 Random ops on npu tensors draw from the CPU generator (``torch.manual_seed`` seeds it), so seeding here is a no-op.
 
 Example::
@@ -82,7 +83,7 @@ def get_device_name(device: DeviceLike = None) -> str:
 
 
 def synchronize(device: DeviceLike = None) -> None:
-    """Wait for the device (returns at once; counted as a host sync)."""
+    """Wait for the device (returns at once; counted as a host sync; orders every stream's work before later work)."""
     _ext().synchronize(_index(device))
 
 

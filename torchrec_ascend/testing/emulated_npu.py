@@ -24,6 +24,15 @@ lookups on the accelerator layout too: :mod:`torchrec_ascend.testing.tbe`);
 them), so torchrec-ascend's host fallback (H6) registers its round trip for them. Operators of any other
 namespace without a PrivateUse1 kernel fail on npu tensors, as a CPU-only op does on hardware.
 
+Streams are checked, not run (:func:`install`'s ``stream_check``, on by default): after PyTorch's CUDA Stream
+Sanitizer, every kernel records the device memory it reads and writes on the current stream, and events, waits
+and synchronisations order the streams (vector clocks). An access to memory last written (or, for a write, read) on
+another stream with nothing ordering the two raises a ``RuntimeError`` naming the op,
+the tensor, both streams and both call sites; memory freed while another stream may still use it without
+``record_stream`` raises at the next kernel; a host read of a pinned buffer whose ``non_blocking`` device->host copy
+has not been waited for stops the process (the buffer is read-protected until a wait covers the copy) with the
+checker's message and faulthandler's stack of the read. Every such message starts with :data:`STREAM_CHECK`.
+
 Why a C++ PrivateUse1 backend (after PyTorch's own test backend, torch_openreg) rather than a tensor subclass:
 tensors are plain ``torch.Tensor`` with a real device, dispatch key, allocator, storage, device guard and
 streams, so ``type(t) is torch.Tensor``, ``data_ptr()``, ``nn.Parameter``, fbgemm's TBE modules, autograd,
@@ -45,7 +54,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import faulthandler
 import importlib.util
+import os
 import sys
 import threading
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
@@ -58,6 +69,10 @@ COLLECTIVE_BACKEND = "hccl"
 #: Withheld unless :func:`install` is told otherwise: fbgemm-ascend lacks it on 910B.
 WITHHELD_BY_DEFAULT: Tuple[str, ...] = ("block_bucketize_sparse_features",)
 _NAMESPACE = "fbgemm"
+#: How every stream-order error starts (the check's name in a failing run's output).
+STREAM_CHECK = "stream-order check (emulated npu)"
+#: ``0`` turns the stream-order checker off where :func:`install` is not told (``--emulate`` runs, to measure its cost).
+STREAM_CHECK_ENV = "TORCHREC_ASCEND_EMULATOR_STREAM_CHECK"
 
 _lock = threading.RLock()
 _installed = False
@@ -170,7 +185,8 @@ def _provide_fbgemm_ops() -> List[str]:
     return names
 
 
-def install(device_count: int = 8, withhold: Iterable[str] = WITHHELD_BY_DEFAULT) -> None:
+def install(device_count: int = 8, withhold: Iterable[str] = WITHHELD_BY_DEFAULT,
+            stream_check: Optional[bool] = None) -> None:
     """Install the emulated NPU in this process (idempotent; call before building models on ``"npu"``).
 
     Args:
@@ -178,6 +194,9 @@ def install(device_count: int = 8, withhold: Iterable[str] = WITHHELD_BY_DEFAULT
         withhold: fbgemm op names (``"block_bucketize_sparse_features"`` or ``"fbgemm::..."``) given no npu
             kernel, as :func:`withhold_ops`; applied by every call. Call before the torchrec-ascend backend
             activates, so its host fallback (H6) sees them missing.
+        stream_check: check stream order (module docstring); None: on unless ``TORCHREC_ASCEND_EMULATOR_STREAM_CHECK``
+            is ``0``. Applied by every call; turning it on also enables :mod:`faulthandler` (the stack of a host
+            read of an in-flight copy).
 
     Raises:
         BackendError: torch_npu is installed, PrivateUse1 belongs to another backend, or the native module is
@@ -222,6 +241,39 @@ def install(device_count: int = 8, withhold: Iterable[str] = WITHHELD_BY_DEFAULT
             raise BackendError(f"install(withhold={withhold}) needs fbgemm_gpu, which cannot be imported")
         withhold_ops(withhold)
         _provide_fbgemm_ops()
+        set_stream_check(os.environ.get(STREAM_CHECK_ENV, "1") != "0" if stream_check is None else stream_check)
+
+
+def set_stream_check(enabled: bool) -> None:
+    """Turn the stream-order checker on or off in this process (memory allocated while off is not checked).
+
+    Example::
+
+        emulated_npu.set_stream_check(False)   # e.g. to time a run without it
+    """
+    import torch
+
+    if enabled and not faulthandler.is_enabled():
+        faulthandler.enable()  # before the checker's SIGSEGV handler, which hands a fault on to it
+    _extension().set_stream_check(bool(enabled), os.path.dirname(torch.__file__) + os.sep)
+
+
+def stream_check_enabled() -> bool:
+    """Whether the stream-order checker is on."""
+    return bool(_extension().stream_check_enabled())
+
+
+def check_streams() -> None:
+    """Raise the stream-order error found where none could be raised (memory freed in a deleter), if any.
+
+    Raises:
+        RuntimeError: memory was freed while another stream may still use it, without ``record_stream``.
+
+    Example::
+
+        del batch; emulated_npu.check_streams()   # at the end of a test, so a late free is not missed
+    """
+    _extension().raise_pending_stream_error()
 
 
 def is_installed() -> bool:

@@ -1,7 +1,8 @@
 // Runtime of the emulated NPU: device memory (its own allocator), pinned host memory, the device guard with
 // streams and events, and the PrivateUse1 hooks torch asks for device count, current device and pinned memory.
-// Work is executed synchronously on the host, so streams and events only keep the bookkeeping torch expects:
-// a current stream per thread and device, event timestamps for elapsed_time.
+// Work is executed synchronously on the host; streams and events keep the bookkeeping torch expects (a current
+// stream per thread and device, event timestamps for elapsed_time) and tell the stream-order checker
+// (stream_check.cpp) what orders what.
 #include "emulator.h"
 
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -10,7 +11,11 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -19,8 +24,6 @@
 namespace torchrec_ascend::emulator {
 
 namespace {
-
-constexpr c10::DeviceIndex kMaxDevices = 64;
 
 std::atomic<c10::DeviceIndex> g_device_count{8};
 thread_local c10::DeviceIndex t_current_device = 0;
@@ -40,6 +43,7 @@ struct Block {
 
 void free_block(void* ctx) {
   auto* block = static_cast<Block*>(ctx);
+  memory_freed(block);
   g_memory[block->device].allocated -= static_cast<int64_t>(block->size);
   c10::free_cpu(block->data);
   delete block;
@@ -58,6 +62,7 @@ struct DeviceAllocator final : c10::Allocator {
     int64_t peak = stats.peak.load();
     while (now > peak && !stats.peak.compare_exchange_weak(peak, now)) {
     }
+    memory_allocated_on(block, nbytes, device);
     return {block->data, block, &free_block, where};
   }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -70,18 +75,30 @@ DeviceAllocator g_device_allocator;
 std::mutex g_pinned_mutex;
 std::map<uintptr_t, size_t> g_pinned;  // start address -> size
 
+// Pinned buffers are whole pages: the stream-order checker read-protects one while a copy into it is in flight.
+size_t page_size() {
+  static const size_t size = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+size_t whole_pages(size_t nbytes) {
+  return (nbytes + page_size() - 1) / page_size() * page_size();
+}
+
 void free_pinned(void* data) {
   {
     std::lock_guard<std::mutex> lock(g_pinned_mutex);
     g_pinned.erase(reinterpret_cast<uintptr_t>(data));
   }
-  c10::free_cpu(data);
+  std::free(data);
 }
 
 struct PinnedAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
-    void* data = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
-    if (data != nullptr) {
+    void* data = nullptr;
+    if (nbytes > 0) {
+      TORCH_CHECK(posix_memalign(&data, page_size(), whole_pages(nbytes)) == 0,
+                  "emulated npu: out of host memory allocating ", nbytes, " bytes of pinned memory");
       std::lock_guard<std::mutex> lock(g_pinned_mutex);
       g_pinned[reinterpret_cast<uintptr_t>(data)] = nbytes;
     }
@@ -172,6 +189,7 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
     return c10::Stream(c10::Stream::UNSAFE, c10::Device(kDevice, index), old);
   }
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    event_destroyed(event);
     delete static_cast<EventRecord*>(event);
   }
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag)
@@ -183,27 +201,45 @@ struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
     auto* record = static_cast<EventRecord*>(*event);
     record->when = std::chrono::steady_clock::now();
     record->recorded = true;
+    event_recorded(record, stream);
   }
-  void block(void*, const c10::Stream&) const override {}
-  bool queryEvent(void*) const override {
+  void block(void* event, const c10::Stream& stream) const override {
+    if (event != nullptr) {
+      event_waited(event, stream);
+    }
+  }
+  bool queryEvent(void* event) const override {  // done at once: the host now knows the work before it
+    if (event != nullptr) {
+      host_waited_event(event);
+    }
     return true;
   }
   c10::DeviceIndex deviceCount() const noexcept override {
     return device_count();
   }
-  bool queryStream(const c10::Stream&) const override {
+  bool queryStream(const c10::Stream& stream) const override {
+    host_waited_stream(stream.device_index(), stream.id());
     return true;
   }
-  void synchronizeStream(const c10::Stream&) const override {
+  void synchronizeStream(const c10::Stream& stream) const override {
     count_sync();
+    host_waited_stream(stream.device_index(), stream.id());
   }
-  void synchronizeEvent(void*) const override {
+  void synchronizeEvent(void* event) const override {
     count_sync();
+    if (event != nullptr) {
+      host_waited_event(event);
+    }
   }
-  void synchronizeDevice(const c10::DeviceIndex) const override {
+  void synchronizeDevice(const c10::DeviceIndex device) const override {
     count_sync();
+    host_waited_device(device < 0 ? current_device() : device);
   }
-  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+  void recordDataPtrOnStream(const c10::DataPtr& data, const c10::Stream& stream) const override {
+    if (data.get_deleter() == &free_block) {
+      memory_recorded_on(data.get_context(), stream);
+    }
+  }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
     auto* a = static_cast<EventRecord*>(start);
     auto* b = static_cast<EventRecord*>(end);
@@ -275,6 +311,30 @@ Registration g_registration;
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_device_allocator);
+
+const void* allocation_of(const at::Tensor& tensor) {
+  if (!tensor.defined() || tensor.device().type() != kDevice || !tensor.has_storage()) {
+    return nullptr;
+  }
+  const c10::DataPtr& data = tensor.storage().data_ptr();
+  return data.get_deleter() == &free_block ? data.get_context() : nullptr;
+}
+
+bool pinned_region(const void* data, uintptr_t* start, size_t* length) {
+  const auto address = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(g_pinned_mutex);
+  auto it = g_pinned.upper_bound(address);
+  if (it == g_pinned.begin()) {
+    return false;
+  }
+  --it;
+  if (address >= it->first + it->second) {
+    return false;
+  }
+  *start = it->first;
+  *length = whole_pages(it->second);
+  return true;
+}
 
 Counters& counters() {
   static Counters instance;

@@ -8,12 +8,17 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace torchrec_ascend::emulator {
 
 constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
+constexpr c10::DeviceIndex kMaxDevices = 64;
+// The stream id of each device's collective stream (where the stream-order checker runs collectives).
+constexpr int64_t kCollectiveStream = int64_t{1} << 40;
 
 // Traffic counters: copies between host and device memory, and the times the host waited for the device.
 struct Counters {
@@ -54,5 +59,62 @@ at::Tensor device_copy(const at::Tensor& host, c10::Device device);
 void provide_ops(const std::vector<std::string>& names);
 void withhold_ops(const std::vector<std::string>& names);
 std::vector<std::string> provided_ops();
+
+// The allocation (the allocator's context) holding a tensor's memory on the emulated npu; nullptr for other
+// tensors and empty storages.
+const void* allocation_of(const at::Tensor& tensor);
+// The pinned allocation holding `data`, page-aligned: its start and length (false if `data` is not pinned).
+bool pinned_region(const void* data, uintptr_t* start, size_t* length);
+
+// ---- stream-order checker (stream_check.cpp; off until set_stream_check(true)) ------------------------------
+void set_stream_check(bool enabled, const std::string& torch_dir);
+bool stream_check_enabled();
+// Raise the error a deleter found (memory freed under another stream's pending work), if any.
+void raise_pending_stream_error();
+
+struct TensorUse {
+  const at::Tensor* tensor;
+  std::string argument;
+  bool write;
+};
+struct Site;
+
+// One kernel on the current stream: checks its reads and writes against the other streams' (raises on a race)
+// and records them; `wrote` records an output in fresh memory.
+class KernelCheck {
+ public:
+  KernelCheck(const std::string& op, const std::vector<TensorUse>& uses);
+  void wrote(const at::Tensor& output, const std::string& argument);
+
+ private:
+  bool active_ = false;
+  int64_t stream_ = 0;
+  int64_t tick_ = 0;
+  std::shared_ptr<const Site> site_;
+};
+
+// A collective over `uses`, launched from the current stream: it runs on the device's collective stream (HCCL's
+// own), after the launching stream's work, and records its tensors there (as HCCL does). Returns what waiting for
+// it (Work::wait) makes the waiting stream know.
+struct CollectiveClock {
+  c10::DeviceIndex device = -1;
+  std::vector<std::pair<int64_t, int64_t>> clock;
+};
+CollectiveClock collective_launched(const std::string& op, const std::vector<TensorUse>& uses);
+void collective_waited(const CollectiveClock& done);
+
+void memory_allocated_on(const void* allocation, size_t bytes, c10::DeviceIndex device);
+void memory_freed(const void* allocation) noexcept;
+void memory_recorded_on(const void* allocation, c10::Stream stream);  // record_stream
+void event_recorded(const void* event, c10::Stream stream);
+void event_waited(const void* event, c10::Stream stream);
+void event_destroyed(const void* event) noexcept;
+void host_waited_event(const void* event);
+void host_waited_stream(c10::DeviceIndex device, int64_t stream_id);
+void host_waited_device(c10::DeviceIndex device);
+// A non_blocking device->host copy into the pinned `destination`: the data (`source_host`, copied now) lands when
+// a host wait covers the copy; until then the pinned pages [start, start + length) are read-protected. False:
+// the checker is off (copy at once).
+bool copy_in_flight(const at::Tensor& destination, const at::Tensor& source_host, uintptr_t start, size_t length);
 
 }  // namespace torchrec_ascend::emulator

@@ -17,7 +17,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("synchronize", [](int index) {
     emu::check_index(static_cast<c10::DeviceIndex>(index));
     emu::count_sync();
+    emu::host_waited_device(static_cast<c10::DeviceIndex>(index));
   });
+  m.def("set_stream_check", &emu::set_stream_check, py::arg("enabled"), py::arg("torch_dir"),
+        "Turn the stream-order checker on or off; frames under torch_dir are not call sites.");
+  m.def("stream_check_enabled", &emu::stream_check_enabled);
+  m.def("raise_pending_stream_error", &emu::raise_pending_stream_error,
+        "Raise the error a deleter found (memory freed under another stream's pending work), if any.");
   m.def("current_stream_id", [](int index) { return emu::current_stream_id(static_cast<c10::DeviceIndex>(index)); });
   m.def("set_current_stream_id", [](int index, int64_t stream_id) {
     return emu::set_current_stream_id(static_cast<c10::DeviceIndex>(index), stream_id);

@@ -195,6 +195,25 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   const std::optional<c10::Device> target = check.finish();
 
+  std::vector<TensorUse> uses;
+  if (stream_check_enabled()) {
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const c10::IValue& value = (*stack)[begin + i];
+      const c10::AliasInfo* alias = arguments[i].alias_info();
+      const bool writes = alias != nullptr && alias->isWrite();
+      if (value.isTensor()) {
+        uses.push_back({&value.toTensor(), arguments[i].name(), writes});
+      } else if (value.isTensorList() || value.isOptionalTensorList()) {
+        for (const c10::IValue& item : value.toListRef()) {
+          if (item.isTensor()) {
+            uses.push_back({&item.toTensor(), arguments[i].name(), writes});
+          }
+        }
+      }
+    }
+  }
+  KernelCheck streams(c10::toString(schema.operator_name()), uses);
+
   std::vector<Written> written;
   std::vector<AliasedInput> aliased;
   for (size_t i = 0; i < arguments.size(); ++i) {
@@ -255,10 +274,14 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       value = input->device;
     } else if (value.isTensor()) {
       value = target ? view_or_copy(value.toTensor(), input, *target) : value;
+      if (input == nullptr && value.isTensor()) {
+        streams.wrote(value.toTensor(), returns[j].name());
+      }
     } else if (value.isTensorList() && target) {
       c10::List<at::Tensor> devices;
       for (const at::Tensor& host : value.toTensorVector()) {
         devices.push_back(device_copy(host, *target));
+        streams.wrote(devices.get(devices.size() - 1), returns[j].name());
       }
       value = devices;
     } else if (value.isScalar() || value.isBool() || value.isInt() || value.isDouble()) {
@@ -267,6 +290,7 @@ void run_on_host(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   if (host_read && target) {
     count_sync();
+    host_waited_stream(target->index(), current_stream_id(target->index()));
   }
 }
 
@@ -376,6 +400,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const bool to_device_memory = dst.device().type() == kDevice;
   auto& c = counters();
   const int64_t bytes = static_cast<int64_t>(self.numel()) * static_cast<int64_t>(self.element_size());
+  // Between two devices a copy is ordered with the current streams of both (as CUDA's peer copy): each side is
+  // checked on its own device's stream.
+  const bool one_device = !from_device || !to_device_memory || self.device() == dst.device();
+  const KernelCheck streams("aten::_copy_from", one_device ? std::vector<TensorUse>{{&self, "self", false},
+                                                                                    {&dst, "dst", true}}
+                                                           : std::vector<TensorUse>{{&self, "self", false}});
+  const KernelCheck peer("aten::_copy_from", one_device ? std::vector<TensorUse>{}
+                                                        : std::vector<TensorUse>{{&dst, "dst", true}});
   if (from_device && to_device_memory) {
     c.d2d++;
   } else if (to_device_memory) {
@@ -388,6 +420,16 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       c.syncs++;
     }
   }
+  if (from_device && !to_device_memory) {
+    uintptr_t start = 0;
+    size_t length = 0;
+    const c10::DeviceIndex device = self.device().index();
+    if (non_blocking && dst.numel() > 0 && pinned_region(dst.data_ptr(), &start, &length) &&
+        copy_in_flight(dst, host_alias(self), start, length)) {
+      return dst;  // lands when a host wait covers it
+    }
+    host_waited_stream(device, current_stream_id(device));  // a copy into pageable memory completes at once
+  }
   host_alias(dst).copy_(host_alias(self));
   return dst;
 }
@@ -399,7 +441,9 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  const KernelCheck streams("aten::_local_scalar_dense", {{&self, "self", false}});
   count_sync();
+  host_waited_stream(self.device().index(), current_stream_id(self.device().index()));
   return at::_local_scalar_dense(host_alias(self));
 }
 
@@ -407,6 +451,7 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   TORCH_CHECK(stream.device_type() == kDevice, "record_stream of an npu tensor needs an npu stream, got a ",
               stream.device_type(), " stream");
   check_index(stream.device_index());
+  memory_recorded_on(allocation_of(self), stream);
 }
 
 std::map<std::string, std::unique_ptr<torch::Library>>& provided() {
