@@ -229,7 +229,8 @@ def key_value_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     pins = _pin_release_cases(cases, quick)
     if quick:
         return _quick(cases, (f"ebc-row_wise-adagrad-{steps}-64-8",)) + pins
-    long = [c for c in cases if not c.skip and c.params["kind"] == "ebc" and c.params["sharding_type"] == "row_wise"]
+    long = [c for c in cases if not c.skip and c.params["kind"] == "ebc" and c.params["sharding_type"] == "row_wise"
+            and c.params["optimizer"] in SCRIPT_OPTIMIZERS]
     if long:
         params = {**long[-1].params, "steps": 400}
         cases.append(Case(params, {**long[-1].expect, "disk_rows": True}))
