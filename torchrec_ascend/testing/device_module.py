@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, List, Optional, Union
+from typing import Any, Iterator, List, Optional, Tuple, Union
 
 import torch
 
@@ -179,6 +179,17 @@ def max_memory_allocated(device: DeviceLike = None) -> int:
 def reset_peak_memory_stats(device: DeviceLike = None) -> None:
     """Start the peak of :func:`max_memory_allocated` again from the current usage."""
     _ext().reset_peak_memory(_index(device))
+
+
+def mem_get_info(device: DeviceLike = None) -> Tuple[int, int]:
+    """``(free, total)`` bytes of ``device``, as torch_npu answers (total: the emulator's capacity; 0 unbounded).
+
+    Example::
+
+        free, total = torch.npu.mem_get_info()
+    """
+    total = int(_ext().memory_capacity())
+    return max(total - memory_allocated(device), 0), total
 
 
 def empty_cache() -> None:

@@ -71,6 +71,8 @@ WITHHELD_BY_DEFAULT: Tuple[str, ...] = ("block_bucketize_sparse_features",)
 _NAMESPACE = "fbgemm"
 #: How every stream-order error starts (the check's name in a failing run's output).
 STREAM_CHECK = "stream-order check (emulated npu)"
+#: Device memory per emulated device in bytes, where :func:`install` is not told (``--emulate`` runs); ``0``: unbounded.
+MEMORY_ENV = "TORCHREC_ASCEND_EMULATOR_MEMORY"
 #: ``0`` turns the stream-order checker off where :func:`install` is not told (``--emulate`` runs, to measure its cost).
 STREAM_CHECK_ENV = "TORCHREC_ASCEND_EMULATOR_STREAM_CHECK"
 
@@ -186,7 +188,7 @@ def _provide_fbgemm_ops() -> List[str]:
 
 
 def install(device_count: int = 8, withhold: Iterable[str] = WITHHELD_BY_DEFAULT,
-            stream_check: Optional[bool] = None) -> None:
+            stream_check: Optional[bool] = None, memory: Optional[int] = None) -> None:
     """Install the emulated NPU in this process (idempotent; call before building models on ``"npu"``).
 
     Args:
@@ -197,6 +199,9 @@ def install(device_count: int = 8, withhold: Iterable[str] = WITHHELD_BY_DEFAULT
         stream_check: check stream order (module docstring); None: on unless ``TORCHREC_ASCEND_EMULATOR_STREAM_CHECK``
             is ``0``. Applied by every call; turning it on also enables :mod:`faulthandler` (the stack of a host
             read of an in-flight copy).
+        memory: device memory per device in bytes (0: unbounded); None: ``TORCHREC_ASCEND_EMULATOR_MEMORY``, else
+            the npu profile's HBM (64 GiB, a 910B's). An allocation past it raises ``torch.OutOfMemoryError``
+            ("NPU out of memory. Tried to allocate ..."), as torch_npu's allocator does. Applied by every call.
 
     Raises:
         BackendError: torch_npu is installed, PrivateUse1 belongs to another backend, or the native module is
@@ -242,6 +247,27 @@ def install(device_count: int = 8, withhold: Iterable[str] = WITHHELD_BY_DEFAULT
         withhold_ops(withhold)
         _provide_fbgemm_ops()
         set_stream_check(os.environ.get(STREAM_CHECK_ENV, "1") != "0" if stream_check is None else stream_check)
+        _extension().set_memory_capacity(_capacity(memory))
+
+
+def _capacity(memory: Optional[int]) -> int:
+    if memory is None and os.environ.get(MEMORY_ENV):
+        try:
+            memory = int(os.environ[MEMORY_ENV])
+        except ValueError:
+            raise BackendError(f"{MEMORY_ENV}={os.environ[MEMORY_ENV]!r} is not a number of bytes") from None
+    if memory is None:
+        from torchrec_ascend.backends.npu import NPU
+
+        memory = NPU.planner.hbm_cap_bytes or 0
+    if memory < 0:
+        raise BackendError(f"the emulated npu's memory must be >= 0 bytes (0: unbounded), got {memory}")
+    return int(memory)
+
+
+def memory_capacity() -> int:
+    """Device memory per emulated device in bytes (0: unbounded); see :func:`install`."""
+    return int(_extension().memory_capacity())
 
 
 def set_stream_check(enabled: bool) -> None:

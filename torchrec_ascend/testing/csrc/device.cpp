@@ -16,6 +16,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <iomanip>
+#include <sstream>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -33,6 +35,45 @@ struct MemoryStats {
   std::atomic<int64_t> peak{0};
 };
 MemoryStats g_memory[kMaxDevices];
+std::atomic<int64_t> g_capacity{0};  // bytes per device; 0: unbounded
+
+// A size as torch_npu's (and CUDA's) allocator messages write it.
+std::string format_size(int64_t bytes) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(2);
+  const double b = static_cast<double>(bytes);
+  if (bytes < 1024) {
+    out << bytes << " bytes";
+  } else if (bytes < 1024 * 1024) {
+    out << b / 1024.0 << " KiB";
+  } else if (bytes < int64_t{1024} * 1024 * 1024) {
+    out << b / (1024.0 * 1024.0) << " MiB";
+  } else {
+    out << b / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  }
+  return out.str();
+}
+
+// Count `nbytes` against the device's capacity, or fail as torch_npu's allocator fails (its message, and
+// torch.OutOfMemoryError) without allocating.
+void reserve(c10::DeviceIndex device, size_t nbytes) {
+  auto& stats = g_memory[device];
+  const int64_t bytes = static_cast<int64_t>(nbytes);
+  const int64_t now = stats.allocated += bytes;
+  const int64_t capacity = g_capacity.load();
+  if (capacity > 0 && now > capacity) {
+    stats.allocated -= bytes;
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "NPU out of memory. Tried to allocate ", format_size(bytes),
+                     " (NPU ", static_cast<int>(device), "; ", format_size(capacity), " total capacity; ",
+                     format_size(now - bytes), " already allocated; ", format_size(capacity - (now - bytes)),
+                     " free) on the emulated npu, whose capacity is the npu profile's HBM unless "
+                     "install(memory=...) or TORCHREC_ASCEND_EMULATOR_MEMORY sets it: the model does not fit one "
+                     "device; shard it over more devices or give its tables smaller caches");
+  }
+  int64_t peak = stats.peak.load();
+  while (now > peak && !stats.peak.compare_exchange_weak(peak, now)) {
+  }
+}
 
 // ---- device memory ---------------------------------------------------------------------------------------
 struct Block {
@@ -56,12 +97,8 @@ struct DeviceAllocator final : c10::Allocator {
     if (nbytes == 0) {
       return {nullptr, nullptr, &c10::detail::deleteNothing, where};
     }
+    reserve(device, nbytes);
     auto* block = new Block{c10::alloc_cpu(nbytes), nbytes, device};
-    auto& stats = g_memory[device];
-    const int64_t now = stats.allocated += static_cast<int64_t>(nbytes);
-    int64_t peak = stats.peak.load();
-    while (now > peak && !stats.peak.compare_exchange_weak(peak, now)) {
-    }
     memory_allocated_on(block, nbytes, device);
     return {block->data, block, &free_block, where};
   }
@@ -381,6 +418,15 @@ int64_t memory_allocated(c10::DeviceIndex index) {
 int64_t max_memory_allocated(c10::DeviceIndex index) {
   check_index(index);
   return g_memory[index].peak.load();
+}
+
+void set_memory_capacity(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "the emulated npu's memory capacity must be >= 0 bytes (0: unbounded), got ", bytes);
+  g_capacity = bytes;
+}
+
+int64_t memory_capacity() {
+  return g_capacity.load();
 }
 
 void reset_peak_memory(c10::DeviceIndex index) {

@@ -42,6 +42,9 @@ void check_index(c10::DeviceIndex index);
 int64_t memory_allocated(c10::DeviceIndex index);
 int64_t max_memory_allocated(c10::DeviceIndex index);
 void reset_peak_memory(c10::DeviceIndex index);
+// Device memory per device, in bytes (0: unbounded); an allocation past it fails as torch_npu's does.
+void set_memory_capacity(int64_t bytes);
+int64_t memory_capacity();
 
 // Streams: ids per device, a current stream per thread and device (0 is the default stream).
 int64_t current_stream_id(c10::DeviceIndex index);

@@ -32,6 +32,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("memory_allocated", [](int index) { return emu::memory_allocated(static_cast<c10::DeviceIndex>(index)); });
   m.def("max_memory_allocated",
         [](int index) { return emu::max_memory_allocated(static_cast<c10::DeviceIndex>(index)); });
+  m.def("set_memory_capacity", &emu::set_memory_capacity, py::arg("bytes"));
+  m.def("memory_capacity", &emu::memory_capacity);
   m.def("reset_peak_memory", [](int index) { emu::reset_peak_memory(static_cast<c10::DeviceIndex>(index)); });
   m.def("counters", [] {
     const auto& c = emu::counters();
