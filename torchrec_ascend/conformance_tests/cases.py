@@ -170,7 +170,8 @@ def sharding_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
 
     Cases: every (``ebc``/``ec``, sharding type, optimizer) the device supports, stock ``TrainPipelineSparseDist``,
     ``DistributedModelParallel.copy()`` and stock DCP round trips of KEY_VALUE tables; skipped: optimizers on one
-    side only (device vs. scripts), compute kernels no check drives. ``quick``: one pooled row-wise and one sequence column-wise case.
+    side only (device vs. scripts), compute kernels no check drives. ``quick``: one pooled row-wise and one sequence
+    column-wise case.
 
     Example::
 
