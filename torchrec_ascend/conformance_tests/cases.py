@@ -149,16 +149,33 @@ def _grid(
     return cases + skipped
 
 
+def _dcp_cases(profile: Any, world_size: int) -> List[Case]:
+    """Stock DCP round trips of plain tables (``stock/sharding_matrix.py``): KEY_VALUE kept, onto fewer ranks, to and
+    from FUSED, each where the device has the layouts."""
+    spread = "row_wise" if world_size > 1 else "table_wise"
+    layouts = [("ebc", spread, "key_value", spread, "key_value", world_size),
+               ("ebc", "table_wise", "fused", spread, "key_value", world_size),
+               ("ec", "table_wise", "key_value", "table_wise", "key_value", 1),  # onto fewer ranks: last (see the
+               ("ebc", spread, "key_value", "table_wise", "fused", 1)]  # script's _first_ranks)
+    keys = ("module", "sharding_type", "kernel", "load_sharding_type", "load_kernel", "load_world_size")
+    if "EXACT_ROWWISE_ADAGRAD" not in profile.fused_optimizers:  # the script's optimizer
+        return []
+    return [Case({"kind": "dcp", **dict(zip(keys, layout))}) for layout in layouts
+            if {layout[1], layout[3]} <= set(profile.sharding_types)
+            and {layout[2], layout[4]} <= set(profile.compute_kernels)]
+
+
 def sharding_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     """Stock TorchRec modules sharded every way the device supports vs. the unsharded reference.
 
-    Cases: every (``ebc``/``ec``, sharding type, optimizer) the device supports, stock ``TrainPipelineSparseDist``
-    and ``DistributedModelParallel.copy()``; skipped: optimizers on one side only (device vs. scripts), compute
-    kernels no check drives. ``quick``: one pooled row-wise and one sequence column-wise case.
+    Cases: every (``ebc``/``ec``, sharding type, optimizer) the device supports, stock ``TrainPipelineSparseDist``,
+    ``DistributedModelParallel.copy()`` and stock DCP round trips of KEY_VALUE tables; skipped: optimizers on one
+    side only (device vs. scripts), compute kernels no check drives. ``quick``: one pooled row-wise and one sequence
+    column-wise case.
 
     Example::
 
-        len(sharding_cases(profile_for("cpu"), 2, quick=False))   # 33 grid + pipeline + copy + 1 skipped = 36
+        len(sharding_cases(profile_for("cpu"), 2, quick=False))   # grid + pipeline + copy + 4 DCP + skipped
     """
     cases = _grid(profile, world_size, STOCK_SHARDING_TYPES, lambda *_: {})
     # The script's stock pipeline case shards row-wise, its copy case table-wise.
@@ -166,6 +183,7 @@ def sharding_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
               if st in profile.sharding_types]
     if quick:
         return _quick(cases, ("ebc-row_wise-rowwise_adagrad", "ec-column_wise-adagrad"))
+    cases += _dcp_cases(profile, world_size)
     cases += [
         Case({"kernel": kernel}, skip=f"no conformance script drives the {kernel} kernel yet")
         for kernel in profile.compute_kernels

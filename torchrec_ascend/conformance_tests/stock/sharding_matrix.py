@@ -22,6 +22,13 @@ Case kinds (JSON objects):
   in eval mode and (FUSED) the final weights are compared.
 * ``{"kind": "copy"}``: ``DistributedModelParallel.copy()`` to the device it is on: same outputs and weights, and the
   copy trains.
+* ``{"kind": "dcp", "module": "ebc"|"ec", "sharding_type": ..., "kernel": "key_value"|"fused", "load_sharding_type":
+  ..., "load_kernel": ..., "load_world_size": N}``: ``dcp.save({"model": dmp.state_dict(), "optim":
+  dmp.fused_optimizer.state_dict()})`` after a few steps (KEY_VALUE tables with a small device cache and host budget,
+  so rows live on disk too), the model trains on; a fresh model of the load layout on the first N ranks
+  ``dcp.load``s the same and ``load_state_dict``s both. ``weight_err`` / ``state_err``: every table's rows / fused
+  optimizer state against the saved model's at the save (all ranks' shards gathered); with the layout unchanged,
+  ``fwd_err``: the outputs of the steps after against the saved model's own.
 
 The sharded model and its batches live on the suite's device (``device_env.script_device()``: the
 ``TORCHREC_ASCEND_CONFORMANCE_DEVICE`` the suite sets from the backend profile, the CPU when unset); the unsharded
@@ -36,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -215,18 +222,23 @@ def split_rank_rows(
 
 
 def plan_and_shard(
-    module: torch.nn.Module, sharding_type: str, pg: dist.ProcessGroup, kernel: str = "fused"
+    module: torch.nn.Module, sharding_type: str, pg: dist.ProcessGroup, kernel: str = "fused",
+    disk: Optional[str] = None,
 ) -> DistributedModelParallel:
-    from torchrec.distributed.types import CacheParams
+    """``module`` sharded over ``pg``. KEY_VALUE without ``disk``: a device cache of the whole shard (a batch here may
+    touch most of a shard's rows; eviction and swapping are the plugin's own suite's business), so a pipeline's
+    prefetch path is what is tested; with ``disk``: a cache of 60% of the shard over a 2 KB host budget in ``disk``
+    (rows in every tier)."""
+    from torchrec.distributed.types import CacheParams, KeyValueParams
 
     kernel = "dense" if sharding_type == "data_parallel" else kernel
-    # KEY_VALUE: a device cache of the whole shard (a batch here may touch most of a shard's rows; eviction and
-    # swapping are the plugin's own suite's business), so a pipeline's prefetch path is what is tested.
-    cache = CacheParams(load_factor=1.0) if kernel == "key_value" else None
+    key_value = kernel == "key_value"
+    cache = CacheParams(load_factor=0.6 if disk else 1.0) if key_value else None
+    tiers = KeyValueParams(ssd_storage_directory=disk, l2_cache_size=2e-6) if key_value and disk else None
     constraints = {
         # min_partition: split columns into 8-wide shards so column-wise types really shard (else 1 shard = TW)
         n: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel], min_partition=8,
-                                cache_params=cache)
+                                cache_params=cache, key_value_params=tiers)
         for n, _, _ in TABLES
     }
     device = script_device()
@@ -605,7 +617,108 @@ def _local_rows(value: Any) -> torch.Tensor:
     return value.detach().reshape(-1).clone()
 
 
+def _dcp_model(case: Dict[str, Any], sharding_type: str, kernel: str, pg: dist.ProcessGroup, disk: str
+               ) -> DistributedModelParallel:
+    torch.manual_seed(0)
+    module = make_module(case["module"])
+    tables = module.embeddings if case["module"] == "ec" else module.embedding_bags
+    cls, kwargs = OPTIMIZERS["rowwise_adagrad"]
+    apply_optimizer_in_backward(cls, tables.parameters(), dict(kwargs))
+    return plan_and_shard(module, sharding_type, pg, kernel, disk=disk)
+
+
+def _dcp_step(model: Any, kind: str, step: int, pg: dist.ProcessGroup) -> torch.Tensor:
+    """One training step of ``model`` on ``pg``'s batches; returns this rank's outputs."""
+    rows = output_rows(kind, model(make_batch(step, pg.rank()).to(script_device())))
+    (loss_of(kind, rows, step, seed=pg.rank()) * pg.size()).backward()  # TorchRec averages table gradients: undo it
+    return rows.detach().cpu()
+
+
+def _full_tables(model: Any, pg: dist.ProcessGroup) -> Dict[str, torch.Tensor]:
+    """Every ShardedTensor of ``model.state_dict()`` and of its fused optimizer's, whole (all ranks' shards)."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    entries = dict(model.state_dict())
+    for param, states in model.fused_optimizer.state_dict()["state"].items():
+        entries.update({f"{param}/{name}": value for name, value in states.items()})
+    local = {key: (list(value.metadata().size), [(list(s.metadata.shard_offsets), s.tensor.detach().cpu().clone())
+                                                  for s in value.local_shards()])
+             for key, value in entries.items() if isinstance(value, ShardedTensor)}
+    gathered: List[Any] = [None] * pg.size()
+    dist.all_gather_object(gathered, local, group=pg)
+    out: Dict[str, torch.Tensor] = {}
+    for rank_entries in gathered:  # an optimizer's state is only on the ranks holding a shard of its table
+        for key, (size, pieces) in rank_entries.items():
+            whole = out.setdefault(key, torch.full(size, float("nan")))
+            for offsets, piece in pieces:
+                whole[tuple(slice(o, o + n) for o, n in zip(offsets, piece.shape))] = piece.float()
+    return out
+
+
+def _max_diff(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor], optimizer: bool) -> float:
+    keys = [k for k in a if ("/" in k) == optimizer]
+    if not keys or set(keys) != {k for k in b if ("/" in k) == optimizer}:
+        return float("inf")
+    return max(float((a[k] - b[k]).abs().max()) if a[k].shape == b[k].shape else float("inf") for k in keys)
+
+
+_SUBGROUPS: Dict[int, Any] = {}
+
+
+def _first_ranks(pg: dist.ProcessGroup, size: int) -> Optional[dist.ProcessGroup]:
+    """The first ``size`` ranks of ``pg`` (None on the others), made once per size: a module sharded over a subgroup
+    may make groups of its own on those ranks only, after which a new group made by every rank would never form."""
+    if size == pg.size():
+        return pg
+    if size not in _SUBGROUPS:
+        _SUBGROUPS[size] = dist.new_group(dist.get_process_group_ranks(pg)[:size])
+    return _SUBGROUPS[size] if pg.rank() < size else None
+
+
+def run_dcp_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, Any]:
+    """Stock DCP round trip (see the module docstring)."""
+    import tempfile
+
+    import torch.distributed.checkpoint as dcp
+
+    kind = case["module"]
+    directory = [tempfile.mkdtemp(prefix="dcp-")]
+    dist.broadcast_object_list(directory, src=0, group=pg)
+    saved = _dcp_model(case, case["sharding_type"], case["kernel"], pg, tempfile.mkdtemp(prefix="disk-"))
+    for step in range(STEPS):
+        _dcp_step(saved, kind, step, pg)
+    dcp.save({"model": saved.state_dict(), "optim": saved.fused_optimizer.state_dict()},
+             checkpoint_id=directory[0], process_group=pg)
+    at_save = _full_tables(saved, pg)
+    after = [_dcp_step(saved, kind, step, pg) for step in range(STEPS, 2 * STEPS)]
+    group = _first_ranks(pg, case["load_world_size"])
+    if group is None:
+        return {}
+    loaded = _dcp_model(case, case["load_sharding_type"], case["load_kernel"], group, tempfile.mkdtemp(prefix="disk-"))
+    fresh = _full_tables(loaded, group)
+    state = {"model": loaded.state_dict(), "optim": loaded.fused_optimizer.state_dict()}
+    dcp.load(state, checkpoint_id=directory[0], process_group=group)
+    loaded.load_state_dict(state["model"])
+    loaded.fused_optimizer.load_state_dict(state["optim"])
+    restored = _full_tables(loaded, group)
+    same = (case["load_sharding_type"], case["load_kernel"], case["load_world_size"]) == (
+        case["sharding_type"], case["kernel"], pg.size())
+    fwd_err = 0.0
+    if same:
+        outputs = [_dcp_step(loaded, kind, step, group) for step in range(STEPS, 2 * STEPS)]
+        fwd_err = max(_max_abs(x - y) for x, y in zip(outputs, after))
+    batch = make_batch(0, group.rank()).to(script_device())
+    with torch.no_grad():
+        out = output_rows(kind, loaded(batch))
+    return {"fwd_err": fwd_err, "weight_err": _max_diff(restored, at_save, optimizer=False),
+            "state_err": _max_diff(restored, at_save, optimizer=True),
+            "moved": _max_diff(fresh, at_save, optimizer=False), "continued": same,
+            "residency": residency(parameters=loaded, optimizer=[loaded.fused_optimizer], inputs=batch, outputs=out)}
+
+
 def run_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, Any]:
+    if case["kind"] == "dcp":
+        return run_dcp_case(case, pg)
     if case["kind"] == "pipeline":
         return run_pipeline_case(case, pg)
     if case["kind"] == "copy":
