@@ -159,6 +159,7 @@ BENCHMARKS = [
     Benchmark("hash_fused", "bench_hash_fused.py", ["--runs", "9", "--steps", "30"],
               ["--rows", "2000", "--catalogue", "1000", "--batch", "32", "--pool", "4", "--runs", "1", "--steps", "2",
                "--warmup", "1"]),
+    Benchmark("checkpoint_paths", "bench_checkpoint_paths.py", [], ["--rows", "20000", "--dim", "16", "--reps", "1"]),
     Benchmark("key_value", "bench_key_value.py", ["--runs", "7", "--steps", "30"],
               ["--catalogue", "100000", "--batch", "16", "--bag", "4", "--pool", "30", "--warmup", "2", "--runs",
                "1", "--steps", "2", "--policies", "lru", "ttl"]),
