@@ -215,7 +215,6 @@ class _AdamLookup:
         self._feature_offsets = {p: to_device(off[table_of_feature], device) for p, off in phys.items()}
         self._d_offsets = to_device(emb.D_offsets.to("cpu", torch.int64), device)  # per feature, in the output
         self._total_d = int(emb.D_offsets[-1])
-        self.steps = 0  # training lookups seen (a host count; the bias correction reads emb.iter on the device)
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor] = None,
                 feature_requires_grad: Optional[torch.Tensor] = None,
@@ -238,14 +237,13 @@ class _AdamLookup:
         emb.iter.add_(1)  # as fbgemm's forward does for its Adam (the device copy is the one checkpoints save)
         if isinstance(getattr(emb, "iter_cpu", None), torch.Tensor):
             emb.iter_cpu.add_(1)
-        self.steps += 1
         saved = _Saved(indices.long(), offsets.long(), per_sample_weights, emb.iter.clone(),
                        batch_size_per_feature_per_rank)
         return _Backward.apply(emb.placeholder_autograd_tensor, per_sample_weights, run, self, saved)
 
     # -- backward -----------------------------------------------------------------------------------------------------
 
-    def element_positions(self, saved: "_Saved", out_numel: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def element_positions(self, saved: "_Saved") -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per index: its feature, the flat positions of its gradient in the output ``[n, max_d]`` (columns past
         its table's dim repeat the last one) and its scale (mean pooling, per-sample weight excluded)."""
         indices, offsets = saved.indices, saved.offsets
@@ -300,7 +298,7 @@ class _AdamLookup:
         n = indices.numel()
         if n == 0:
             return None if saved.per_sample_weights is None else torch.zeros_like(saved.per_sample_weights)
-        feature, positions, scale = self.element_positions(saved, grad.numel())
+        feature, positions, scale = self.element_positions(saved)
         grad_rows = grad.reshape(-1).float()[positions] * scale.unsqueeze(1)  # [n, max_d], unweighted
         dim = self._dim_of_feature[feature]
         valid = torch.arange(self._max_d, device=indices.device).unsqueeze(0) < dim.unsqueeze(1)
