@@ -5,7 +5,10 @@ over the kernel's own tensors. For our kernels, ``state`` shows instead:
 
 * a KEY_VALUE table's states sized by the table's rows, not the device cache's (windows of a
   :class:`~torchrec_ascend.checkpoint.key_value_state.TableView`);
-* a hash table's ``<table>.policy_state`` (:class:`~torchrec_ascend.checkpoint.policy_state.PolicyState`).
+* a hash table's ``<table>.policy_state`` (:class:`~torchrec_ascend.checkpoint.policy_state.PolicyState`);
+* with fused Adam (``torchrec_ascend.kernels.fused_adam``), every table's ``<table>.iter``: the kernel's step
+  counter itself (fbgemm's ``iter``, one per kernel, the same on every rank), which Adam's bias correction reads, so
+  a load sets it in place.
 
 TorchRec's ``state_dict()`` / ``load_state_dict()`` read ``state``, so DCP saves and loads both as stock code asks.
 
@@ -25,6 +28,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec_ascend.checkpoint.key_value_state import views_of
 from torchrec_ascend.checkpoint.policy_state import POLICY_STATE, PolicyState
 from torchrec_ascend.kernels.fused import HashRows
+from torchrec_ascend.kernels.fused_adam import step_counter
 from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
 from torchrec_ascend.kernels.walk import sharded_kernels
 
@@ -32,10 +36,12 @@ _WEIGHT = ".weight"  # TorchRec keys a table's parameter in its fused optimizer 
 
 
 def install_optimizer_state(module: torch.nn.Module) -> None:
-    """Make the fused optimizer of every hash or KEY_VALUE kernel of a sharded collection show the state above."""
+    """Make the fused optimizer of every hash, KEY_VALUE or fused-Adam kernel of a sharded collection show the state
+    above."""
     for kernel in sharded_kernels(module):
         optimizer = getattr(kernel, "fused_optimizer", None)
-        if isinstance(kernel, HashRows) and optimizer is not None and not isinstance(optimizer, _CheckpointedState):
+        ours = isinstance(kernel, HashRows) or step_counter(kernel) is not None
+        if ours and optimizer is not None and not isinstance(optimizer, _CheckpointedState):
             optimizer.__class__ = type(f"Checkpointed{type(optimizer).__name__}",
                                        (_CheckpointedState, type(optimizer)), {})
             optimizer._checkpointed_kernel = kernel
@@ -44,15 +50,16 @@ def install_optimizer_state(module: torch.nn.Module) -> None:
 class _CheckpointedState:
     """Mixed into a hash or KEY_VALUE kernel's fused optimizer: ``state`` as the module docstring says."""
 
-    _checkpointed_kernel: HashRows
+    _checkpointed_kernel: Any
     params: Dict[str, Any]
 
     @property
     def state(self) -> Dict[Any, Dict[str, Any]]:
         kernel = self._checkpointed_kernel
-        shards: Dict[str, List[Tuple[HashRows, int]]] = {}
-        for t in range(kernel.num_tables):
-            shards.setdefault(kernel.shard_info(t).name, []).append((kernel, t))
+        shards: Dict[str, List[Tuple[Any, int]]] = {}
+        for t, table in enumerate(kernel._config.embedding_tables):
+            shards.setdefault(table.name, []).append((kernel, t))
+        counter = step_counter(kernel)
         keys = {id(param): key for key, param in self.params.items()}
         out: Dict[Any, Dict[str, Any]] = {}
         for param, states in self.__dict__["state"].items():
@@ -60,6 +67,10 @@ class _CheckpointedState:
             out[param] = dict(states)
             name = next((n for n in shards if key == n + _WEIGHT or key.endswith(f".{n}{_WEIGHT}")), None)
             if name is None:
+                continue
+            if counter is not None:
+                out[param][f"{name}.iter"] = counter
+            if not isinstance(kernel, HashRows):
                 continue
             t = shards[name][0][1]
             if isinstance(kernel, KeyValueRows):  # each ShardedTensor state, in order, sized by the table's rows

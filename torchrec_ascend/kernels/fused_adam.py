@@ -17,10 +17,10 @@ gradients of its occurrences summed (fbgemm's "exact" semantics), rows absent fr
     v = beta2 * v + (1 - beta2) * g * g            # PARTIAL_ROWWISE_ADAM: mean over the row's columns of g * g
     w = w - lr * ((m / (1 - beta1 ** iter)) / (sqrt(v / (1 - beta2 ** iter)) + eps) + weight_decay * w)
 
-``iter`` is the TBE's step counter (fbgemm's ``iter``: +1 per training lookup, one per table group, saved by
-checkpoints), so bias correction is global as on CUDA, not per row; ``weight_decay`` is decoupled (AdamW) as in
-fbgemm's ADAM, whatever ``weight_decay_mode`` says. Not supported here (refused): gradient clipping and
-``use_rowwise_bias_correction``.
+``iter`` is the TBE's step counter (fbgemm's ``iter``: +1 per training lookup, one per table group; the Saver and
+``fused_optimizer.state_dict()`` carry it), so bias correction is global as on CUDA, not per row; ``weight_decay``
+is decoupled (AdamW) as in fbgemm's ADAM, whatever ``weight_decay_mode`` says. Not supported here (refused):
+gradient clipping and ``use_rowwise_bias_correction``.
 
 Every shape is fixed by the batch's sizes (no ``unique``, no host read of device data): the batch's indices are
 sorted, each run of one row sums its gradients, and every occurrence writes its row's (identical) new values.
@@ -69,6 +69,20 @@ def is_fused_adam(config: GroupedEmbeddingConfig, device: Optional[torch.device]
     fused = getattr(config.compute_kernel, "value", config.compute_kernel) in ("fused", "key_value")
     adam = optimizer_name(config.fused_params) in ROWWISE_SECOND_MOMENT
     return fused and adam and device_type not in ("cuda", "mtia")
+
+
+def step_counter(kernel: Any) -> Optional[torch.Tensor]:
+    """The step counter (fbgemm's ``iter`` buffer) of a kernel this module's Adam trains, else None: checkpoints
+    carry it, or bias correction would start over after a load.
+
+    Example::
+
+        step_counter(kernel)   # tensor([12]) after 12 training lookups with ADAM
+    """
+    config, emb = getattr(kernel, "_config", None), getattr(kernel, "_emb_module", None)
+    if config is None or optimizer_name(config.fused_params) not in ROWWISE_SECOND_MOMENT:
+        return None
+    return getattr(emb, "iter", None)
 
 
 def check_hyper_parameters(fused_params: Optional[Dict[str, Any]], tables: Sequence[str]) -> None:
