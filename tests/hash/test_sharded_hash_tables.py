@@ -26,7 +26,8 @@ CASES: List[Dict[str, Any]] = [
 ]
 # Stock state_dict() + fused optimizer state through torch.distributed.checkpoint, loaded into a model sharded the
 # second way: the same plan (bit for bit), row_wise -> table_wise (DCP moves rows and IDs), and table_wise -> row_wise
-# (refused: the IDs would sit on shards that do not own them).
+# (refused: the IDs would sit on shards that do not own them; DCP itself refuses first, lacking the new shard's
+# policy state).
 STATE_DICT = [("ebc", "row_wise", "row_wise"), ("ec", "row_wise", "row_wise"), ("ec", "table_wise", "table_wise"),
               ("ebc", "column_wise", "column_wise"), ("ebc", "data_parallel", "data_parallel"),
               ("ebc", "row_wise", "table_wise"), ("ebc", "table_wise", "row_wise")]
@@ -58,8 +59,10 @@ def test_sharded_equals_unsharded_and_python(results: Dict[str, Any], case: Dict
 def test_stock_state_dict_round_trips_sharded_hash_tables(results: Dict[str, Any], case: Dict[str, Any]) -> None:
     r = results[case_id(case)]
     assert not r["error"], r.get("traceback") or r["error"]
-    if case["sharding_type"] == "table_wise" and case["state_dict"] == "row_wise":
-        assert "puts IDs on a shard that does not own them" in r["load_error"] and "Saver" in r["load_error"]
+    if case["sharding_type"] == "table_wise" and case["state_dict"] == "row_wise":  # refused by our placement
+        error = r["load_error"]  # check or, first, by DCP: the new shard has no saved policy state
+        assert ("puts IDs on a shard that does not own them" in error and "Saver" in error) or (
+            "Missing key in checkpoint state_dict" in error and "user.policy_state." in error), error
         return
     assert not r["load_error"], r["load_error"]
     assert r["row_err"] == 0.0, "every (table, ID) row must come back"

@@ -99,6 +99,12 @@ class TBE:
         """The grouped config TorchRec reports for the kernel."""
         return self._kernel._config
 
+    def replace_optimizer(self, config: GroupedEmbeddingConfig, optimizer: Any) -> None:
+        """Make ``config`` the kernel's grouped config and ``optimizer`` its fused optimizer (after the TBE was given
+        another optimizer than the one it was built with)."""
+        self._kernel._config = config
+        self._kernel._optim = optimizer
+
     @property
     def optimizer_name(self) -> str:
         """fbgemm's name of the fused optimizer (e.g. ``"exact_adagrad"``)."""

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Tuple
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
+from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.checkpoint.key_value_state import views_of
 from torchrec_ascend.checkpoint.policy_state import POLICY_STATE, PolicyState
 from torchrec_ascend.kernels.fused import HashRows
@@ -57,28 +58,28 @@ class _CheckpointedState:
     def state(self) -> Dict[Any, Dict[str, Any]]:
         kernel = self._checkpointed_kernel
         shards: Dict[str, List[Tuple[Any, int]]] = {}
-        for t, table in enumerate(kernel._config.embedding_tables):
+        for t, table in enumerate(TBE(kernel).config.embedding_tables):
             shards.setdefault(table.name, []).append((kernel, t))
         counter = step_counter(kernel)
         keys = {id(param): key for key, param in self.params.items()}
         out: Dict[Any, Dict[str, Any]] = {}
         for param, states in self.__dict__["state"].items():
             key = keys.get(id(param), "")
-            out[param] = dict(states)
             name = next((n for n in shards if key == n + _WEIGHT or key.endswith(f".{n}{_WEIGHT}")), None)
-            if name is None:
-                continue
-            if counter is not None:
-                out[param][f"{name}.iter"] = counter
-            if not isinstance(kernel, HashRows):
-                continue
-            t = shards[name][0][1]
-            if isinstance(kernel, KeyValueRows):  # each ShardedTensor state, in order, sized by the table's rows
+            # Ours first: DCP reads in this order, so the policy state is in when the last row window lands and the
+            # KEY_VALUE load is applied.
+            ours: Dict[str, Any] = {}
+            if name is not None and counter is not None:
+                ours[f"{name}.iter"] = counter
+            t = shards[name][0][1] if name is not None else -1
+            hash_shard = name is not None and isinstance(kernel, HashRows) and kernel.shard_info(t).hash_ids
+            if name is not None and hash_shard and kernel.shard_info(t).table.local_metadata is not None:
+                ours[f"{name}.{POLICY_STATE}"] = PolicyState(shards[name])
+            out[param] = {**ours, **states}
+            if name is not None and isinstance(kernel, KeyValueRows):  # each ShardedTensor state, sized by the table
                 sharded = [n for n, value in states.items() if isinstance(value, ShardedTensor)]
                 for k, state_name in enumerate(sharded):
                     out[param][state_name] = views_of(kernel).table(t).optimizer_state(k, states[state_name])
-            if kernel.shard_info(t).hash_ids and kernel.shard_info(t).table.local_metadata is not None:
-                out[param][f"{name}.{POLICY_STATE}"] = PolicyState(shards[name])
         return out
 
     @state.setter

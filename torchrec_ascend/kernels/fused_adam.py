@@ -42,8 +42,9 @@ import torch
 from torchrec.distributed.batched_embedding_kernel import EmbeddingFusedOptimizer
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 
+from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.kernels.transfers import to_device
+from torchrec_ascend.kernels.transfers import to_device, to_host
 
 #: The fbgemm optimizers this module fuses, and whether each keeps its second moment per row.
 ROWWISE_SECOND_MOMENT: Dict[str, bool] = {"ADAM": False, "PARTIAL_ROWWISE_ADAM": True}
@@ -79,10 +80,10 @@ def step_counter(kernel: Any) -> Optional[torch.Tensor]:
 
         step_counter(kernel)   # tensor([12]) after 12 training lookups with ADAM
     """
-    config, emb = getattr(kernel, "_config", None), getattr(kernel, "_emb_module", None)
-    if config is None or optimizer_name(config.fused_params) not in ROWWISE_SECOND_MOMENT:
+    tbe = TBE(kernel)
+    if optimizer_name(tbe.config.fused_params) not in ROWWISE_SECOND_MOMENT:
         return None
-    return getattr(emb, "iter", None)
+    return getattr(tbe.module, "iter", None)
 
 
 def check_hyper_parameters(fused_params: Optional[Dict[str, Any]], tables: Sequence[str]) -> None:
@@ -151,9 +152,9 @@ def install(kernel: Any, config: GroupedEmbeddingConfig) -> None:
     """Make the TBE of ``kernel`` (built from :func:`carrier_config` of ``config``) train with ``config``'s Adam
     (:func:`install_on_tbe`), and rebuild TorchRec's fused optimizer over its states, ``config`` the kernel's config.
     """
-    install_on_tbe(kernel._emb_module, optimizer_name(config.fused_params) or "")
-    kernel._config = config
-    kernel._optim = EmbeddingFusedOptimizer(config, kernel._emb_module, kernel._pg)
+    tbe = TBE(kernel)
+    install_on_tbe(tbe.module, optimizer_name(config.fused_params) or "")
+    tbe.replace_optimizer(config, EmbeddingFusedOptimizer(config, tbe.module, tbe.process_group))
 
 
 def install_on_tbe(emb: Any, name: str) -> "_AdamLookup":
@@ -227,7 +228,7 @@ class _AdamLookup:
         self._dims = dims[table_of_feature].tolist()  # per feature, on the host (variable batches' layout)
         self._dim_of_feature = to_device(dims[table_of_feature], device)
         self._feature_offsets = {p: to_device(off[table_of_feature], device) for p, off in phys.items()}
-        self._d_offsets = to_device(emb.D_offsets.to("cpu", torch.int64), device)  # per feature, in the output
+        self._d_offsets = to_device(to_host(emb.D_offsets).long(), device)  # per feature, in the output
         self._total_d = int(emb.D_offsets[-1])
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor] = None,
