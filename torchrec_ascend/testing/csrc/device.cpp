@@ -151,14 +151,9 @@ struct PinnedAllocator final : c10::Allocator {
 PinnedAllocator g_pinned_allocator;
 
 bool is_pinned(const void* data) {
-  const auto address = reinterpret_cast<uintptr_t>(data);
-  std::lock_guard<std::mutex> lock(g_pinned_mutex);
-  auto it = g_pinned.upper_bound(address);
-  if (it == g_pinned.begin()) {
-    return false;
-  }
-  --it;
-  return address < it->first + it->second;
+  uintptr_t start = 0;
+  size_t length = 0;
+  return pinned_region(data, &start, &length);
 }
 
 // ---- streams and events ----------------------------------------------------------------------------------
