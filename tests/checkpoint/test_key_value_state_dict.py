@@ -5,13 +5,16 @@ more training steps on both. The 2-rank round trips (2 -> 2, 2 -> 1) are in the 
 
 from __future__ import annotations
 
+import glob
+import os
 import tempfile
-from typing import Iterator
+from typing import Iterator, Type
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import torchrec
+from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
@@ -34,14 +37,15 @@ def disk() -> Iterator[str]:
         yield directory
 
 
-def model(disk: str, rows: int = ROWS) -> DistributedModelParallel:
+def model(disk: str, rows: int = ROWS, dim: int = DIM, optimizer: Type[torch.optim.Optimizer] = RowWiseAdagrad
+          ) -> DistributedModelParallel:
     torch.manual_seed(0)
     ebc = torchrec.EmbeddingBagCollection(tables=[
-        HashEmbeddingBagConfig(name="user", embedding_dim=DIM, num_embeddings=rows, feature_names=["uid"],
+        HashEmbeddingBagConfig(name="user", embedding_dim=dim, num_embeddings=rows, feature_names=["uid"],
                                init_seed=3),
-        torchrec.EmbeddingBagConfig(name="plain", embedding_dim=DIM, num_embeddings=rows, feature_names=["p"]),
+        torchrec.EmbeddingBagConfig(name="plain", embedding_dim=dim, num_embeddings=rows, feature_names=["p"]),
     ])
-    apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.1})
+    apply_optimizer_in_backward(optimizer, ebc.parameters(), {"lr": 0.1})
     sharders = get_default_hybrid_sharders()
     constraints = {name: ParameterConstraints(
         sharding_types=["table_wise"], compute_kernels=["key_value"], cache_params=CacheParams(load_factor=0.05),
@@ -167,3 +171,46 @@ def test_in_place_ops_other_than_copy_are_refused(disk: str) -> None:
     window = model(disk).state_dict()["embedding_bags.plain.weight"].local_shards()[0].tensor
     with pytest.raises(RuntimeError, match="only copy_ writes through"):
         window.add_(1.0)
+
+
+@pytest.mark.parametrize("other, refusal", [
+    ({"dim": 16}, r"Size mismatch .*\[256, 8\].*\[256, 16\]\) for model\.embedding_bags\.plain\.weight"),
+    ({"optimizer": torch.optim.Adam}, r"Missing key .*optim\.state\.embedding_bags\.user\.weight\.user\.iter"),
+])
+def test_a_checkpoint_of_another_dimension_or_optimizer_is_refused_naming_the_table(disk: str, other: dict,
+                                                                                  refusal: str) -> None:
+    saved = model(disk)
+    train(saved, range(5))
+    dcp.save(both(saved), checkpoint_id=f"{disk}/ckpt")
+    loaded = model(disk, **other)
+    train(loaded, range(2))
+    before = lookups(loaded, range(5))
+    with pytest.raises(CheckpointException, match=refusal):
+        dcp.load(both(loaded), checkpoint_id=f"{disk}/ckpt")
+    assert torch.equal(lookups(loaded, range(5)), before)
+
+
+@pytest.mark.parametrize("kept", [0.5, 0.9])  # the cut falls in the optimizer states of 'plain', then of 'user'
+def test_a_dcp_load_cut_short_by_a_truncated_file_is_refused_and_changes_no_key_value_table(disk: str,
+                                                                                            kept: float) -> None:
+    saved = model(disk)
+    train(saved, range(20))
+    dcp.save(both(saved), checkpoint_id=f"{disk}/ckpt")
+    (shard_file,) = glob.glob(f"{disk}/ckpt/*.distcp")
+    os.truncate(shard_file, int(os.path.getsize(shard_file) * kept))
+    loaded = model(disk)
+    train(loaded, range(3))
+    before = lookups(loaded, range(20))
+    with pytest.raises(CheckpointException, match="corrupted"):
+        dcp.load(both(loaded), checkpoint_id=f"{disk}/ckpt")
+    # Each table whose rows came in without their optimizer state is refused once, at its next lookup.
+    refused = []
+    for _ in range(3):
+        try:
+            after = lookups(loaded, range(20))
+            break
+        except ConfigError as err:
+            assert "which the same state_dict() handed out" in str(err) and "nothing was changed" in str(err)
+            refused.append(str(err).split("'")[1])
+    assert refused == (["plain"] if kept == 0.5 else ["user", "plain"])
+    assert torch.equal(after, before)

@@ -16,7 +16,9 @@ temporary file next to the table's disk tier; once the weights (and a hash table
 optimizer state are in, or at the next batch, ``state_dict()`` read or ``load_state_dict``, the shard becomes exactly
 the loaded rows (optimizer states not loaded start fresh) through the same restore the Saver uses. A load that
 misses part of the weights or IDs, puts an ID on a shard that does not own it, or repeats an ID is refused naming
-the table, and the table is left as it was.
+the table, and the table is left as it was. So is a load into windows that misses a part the same view handed out
+(the weights with ``fused_optimizer.state_dict()``'s states): a ``dcp.load`` that failed half-way, on a truncated
+or missing file, is refused at the next batch instead of leaving rows with the wrong optimizer state.
 
 Memory: a save holds one window plus 8 B per ID of the shard (a hash table's IDs, enumerated once per
 ``state_dict()``); a load holds one window plus 8 B per row of the shard (the staged IDs), and the restore's own
@@ -82,6 +84,7 @@ class TableView:
         self._step = window_rows(widest + sum(widest if shape else 1 for shape in self.info.state_shapes))
         self._ids: Optional[torch.Tensor] = None
         self._staging: Optional[_Staging] = None
+        self._handed_out: set = set()  # the parts whose windows a state_dict() call took: a load into them fills all
         self.applied = False  # a load into this view reached the table
 
     @property
@@ -148,32 +151,38 @@ class TableView:
 
     # -- loads --------------------------------------------------------------------------------------------------------
 
-    def settle(self) -> None:
+    def settle(self, expect_handed_out: bool = True) -> None:
         """Apply the values written into this view to the table, if any (see the module docstring).
 
+        Args:
+            expect_handed_out: refuse a load that left out a part this view handed out (a load through windows);
+                ``load_state_dict`` passes False: it loads the model alone, and optimizer states start fresh.
+
         Raises:
-            ConfigError: the load wrote part of the weights, IDs or an optimizer state, or placed its IDs on a shard
-                that does not own them; the table is left as it was.
+            ConfigError: the load wrote part of the weights, IDs or an optimizer state, left out a part handed out,
+                or placed its IDs on a shard that does not own them; the table is left as it was.
             CapacityError: more IDs than the shard holds.
         """
         staging, self._staging = self._staging, None
         if staging is None:
             return
         try:
-            self._apply(staging)
+            self._apply(staging, self._handed_out if expect_handed_out else set())
         finally:
             staging.close()
         self.applied = True
 
-    def _apply(self, staging: "_Staging") -> None:
+    def _apply(self, staging: "_Staging", expected: set) -> None:
         names = {WEIGHTS: "weight", IDS: "weight_id"}
         loaded = []
         for part in self.parts():
             written, size = staging.written[part], self._size(part)
             if written == size:
                 loaded.append(part)
-            elif part in names or written:
+            elif part in names or written or part in expected:
                 what = names.get(part, f"optimizer state {part - 2}")
+                if not written:
+                    what += ", which the same state_dict() handed out (a load that failed half-way?)"
                 raise ConfigError(
                     f"KEY_VALUE table {self.name!r}: the load gave {written} of the {size} values of this rank's "
                     f"{what}; nothing was changed. Load a state_dict holding the whole table (its weight"
@@ -284,7 +293,7 @@ class TableView:
                 "torch.distributed.checkpoint, which places rows by their offsets, or move the table with "
                 "torchrec_ascend.Saver"
             )
-        self.settle()
+        self.settle(expect_handed_out=False)
 
     def _copy_overlap(self, part: int, piece: torch.Tensor, offsets: Tuple[int, int], row0: int, col0: int,
                       cols: int) -> int:
@@ -319,6 +328,7 @@ class TableView:
     def weight(self) -> ShardedTensor:
         """``<table>.weight``: the table's rows in windows."""
         table = self.info.table
+        self._handed_out.add(WEIGHTS)
         return windowed(table.global_metadata, table.local_metadata,
                         lambda r, n: RowWindow(self, WEIGHTS, r, n, 0, self.cols), self._weight_dtype,
                         self.kernel.process_group, self._step)
@@ -326,6 +336,7 @@ class TableView:
     def weight_id(self) -> ShardedTensor:
         """``<table>.weight_id`` (hash tables): the ID of each row."""
         table = self.info.table
+        self._handed_out.add(IDS)
         local = id_metadata(table.global_metadata).shards_metadata[
             table.global_metadata.shards_metadata.index(table.local_metadata)]
         return windowed(id_metadata(table.global_metadata), local, lambda r, n: RowWindow(self, IDS, r, n, 0, 1),
@@ -335,6 +346,7 @@ class TableView:
         """Optimizer state ``k`` sized by the table's rows, laid out as TorchRec lays out ``cache_state`` (the
         device cache's state of the same table)."""
         table = self.info.table
+        self._handed_out.add(2 + k)
         if self.info.state_shapes[k] != ():
             return windowed(table.global_metadata, table.local_metadata,
                             lambda r, n: RowWindow(self, 2 + k, r, n, 0, self.cols), torch.float32,
