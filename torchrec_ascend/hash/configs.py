@@ -20,13 +20,16 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Dict, Optional, Tuple
 
+import torch
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig, EmbeddingBagConfig, EmbeddingConfig
 
 from torchrec_ascend.errors import ConfigError
 
 OVERFLOW_RULES = ("error", "evict")
+DEFAULT_EVICTION_POLICY = "lru"
 CADENCE_OPTIONS = ("interval", "min_residency", "headroom")  # EvictionCadence's options
 # Key under which a table's HashTableSpec travels in TorchRec's per-table fused_params (which must be hashable).
 FUSED_PARAMS_KEY = "torchrec_ascend_hash"
@@ -53,7 +56,7 @@ class HashTableSpec:
     """
 
     overflow: str = "error"
-    eviction_policy: str = "lru"
+    eviction_policy: str = DEFAULT_EVICTION_POLICY
     eviction_options: Tuple[Tuple[str, Any], ...] = ()
     admission_policy: Optional[str] = None
     admission_options: Tuple[Tuple[str, Any], ...] = ()
@@ -84,7 +87,7 @@ class HashTableOptions:
     """
 
     overflow: str = "error"
-    eviction_policy: str = "lru"
+    eviction_policy: str = DEFAULT_EVICTION_POLICY
     eviction_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
     admission_policy: Optional[str] = None
     admission_options: Dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -95,15 +98,37 @@ class HashTableOptions:
     def __post_init__(self) -> None:
         assert isinstance(self, BaseEmbeddingConfig)
         where = f"hash table {self.name!r}"
-        if self.num_embeddings < 1:  # before TorchRec's own checks, which divide by it
+        if not _is_int(self.num_embeddings) or self.num_embeddings < 1:  # before TorchRec's checks, which divide by it
             raise ConfigError(
-                f"{where}: num_embeddings is the row capacity and must be >= 1, got {self.num_embeddings}"
+                f"{where}: num_embeddings is the row capacity and must be an integer >= 1, got {self.num_embeddings!r}"
+            )
+        if not _is_int(self.embedding_dim) or self.embedding_dim < 1:
+            raise ConfigError(
+                f"{where}: embedding_dim is the width of a row and must be an integer >= 1, got {self.embedding_dim!r}"
+            )
+        ignored = [f"{name}={getattr(self, name)!r}" for name, default in IGNORED_STOCK_FIELDS.items()
+                   if getattr(self, name, default) != default and not _stock_default_init(name, self)]
+        if ignored:
+            raise ConfigError(
+                f"{where}: {', '.join(ignored)} would be ignored: a hash table maps raw IDs itself and initialises a "
+                "new ID's row from init_seed, the ID and the column in [weight_init_min, weight_init_max). Remove "
+                "them, or use a plain EmbeddingBagConfig / EmbeddingConfig for these features"
             )
         super().__post_init__()  # type: ignore[misc]  # TorchRec's config (next in the MRO)
         if self.overflow not in OVERFLOW_RULES:
             raise ConfigError(f"{where}: overflow must be one of {OVERFLOW_RULES}, got {self.overflow!r}")
         if not self.eviction_policy:
             raise ConfigError(f"{where}: eviction_policy must name a policy (see `torchrec-ascend policies`)")
+        if not isinstance(self.eviction_options, dict):
+            raise ConfigError(f"{where}: eviction_options must be a dict of the policy's options, got "
+                              f"{type(self.eviction_options).__name__}")
+        misplaced = sorted(set(self.eviction_options) & set(TABLE_OPTIONS))
+        if misplaced:
+            given = ", ".join(f"{k}={self.eviction_options[k]!r}" for k in misplaced)
+            raise ConfigError(
+                f"{where}: eviction_options holds {given}: table options the eviction policy never reads. Pass "
+                f"{given} to the config itself, not inside eviction_options"
+            )
         unknown = sorted(set(self.eviction_cadence) - set(CADENCE_OPTIONS))
         if unknown:
             raise ConfigError(
@@ -128,6 +153,28 @@ class HashTableOptions:
             init_seed=int(self.init_seed),
             eviction_cadence=tuple(sorted(self.eviction_cadence.items())),
         )
+
+
+TABLE_OPTIONS = tuple(f.name for f in dataclasses.fields(HashTableOptions))
+# Stock TorchRec config fields (with their defaults) a hash table never reads: giving one is refused, not ignored.
+IGNORED_STOCK_FIELDS: Dict[str, Any] = {
+    "init_fn": None,
+    "num_embeddings_post_pruning": None,
+    "total_num_buckets": None,
+    "use_virtual_table": False,
+    "enable_embedding_update": False,
+}
+
+
+def _stock_default_init(name: str, config: Any) -> bool:
+    """Whether ``name`` is ``init_fn`` holding TorchRec's own default (set by its ``__post_init__``; a copy made with
+    ``dataclasses.replace`` passes it back in)."""
+    init = getattr(config, name)
+    return name == "init_fn" and isinstance(init, functools.partial) and init.func is torch.nn.init.uniform_
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass

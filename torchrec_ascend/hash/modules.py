@@ -31,7 +31,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend.errors import ConfigError, check_non_negative_ids
 from torchrec_ascend.hash.configs import HashEmbeddingBagConfig, HashEmbeddingConfig, is_hash_config
-from torchrec_ascend.hash.slot_table import SlotTable
+from torchrec_ascend.hash.slot_table import SlotTable, refuse_unused_eviction_settings
 from torchrec_ascend.native import ops
 
 HashConfig = Union[HashEmbeddingBagConfig, HashEmbeddingConfig]
@@ -48,7 +48,11 @@ class _HashRowsModule(torch.nn.Module):
         self.init_range = (config.get_weight_init_min(), config.get_weight_init_max())
         self.weight = torch.nn.Parameter(torch.empty(config.num_embeddings, config.embedding_dim, device=device))
         # Every weight row can hold an ID; the reserved default row (slot num_embeddings) is not in the weight.
-        self.slots = SlotTable(config.name, self.spec, config.num_embeddings + 1, self.spec.overflow)
+        # Eviction settings overflow="error" ignores are refused at the first training batch, not here: a config is
+        # often built unsharded only to be sharded as KEY_VALUE, whose device cache evicts by them.
+        self.slots = SlotTable(config.name, self.spec, config.num_embeddings + 1, self.spec.overflow,
+                               refuse_unused=False)
+        self._settings_checked = False
 
     def assign_batch(self, per_feature: List[torch.Tensor]) -> None:
         """Choose the rows of every feature of this table for one batch at once (one step of the table's policies,
@@ -78,6 +82,9 @@ class _HashRowsModule(torch.nn.Module):
     def _assign(self, ids: torch.Tensor, ends: Callable[[], List[int]]) -> torch.Tensor:
         """Host rows of ``ids`` (feature-major, each feature's segment ending at ``ends()``): the ID map and the
         policies are host work, so device IDs cross to the host in one copy, checked there (no device sync)."""
+        if self.training and not self._settings_checked:
+            refuse_unused_eviction_settings(self.table, self.spec, self.spec.overflow)
+            self._settings_checked = True
         on_host = ids.to("cpu")
         check_non_negative_ids(on_host, self.features, ends, lambda _: self.table)
         assignment = self.slots.assign(on_host.long(), training=self.training)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from torchrec_ascend.errors import CapacityError, ConfigError, StorageError
-from torchrec_ascend.hash.configs import HashTableSpec
+from torchrec_ascend.hash.configs import DEFAULT_EVICTION_POLICY, HashTableSpec
 from torchrec_ascend.hash.id_map import IdMap
 from torchrec_ascend.native import ops
 
@@ -57,6 +57,29 @@ class Assignment:
     evicted_ids: torch.Tensor = _EMPTY
 
 
+def refuse_unused_eviction_settings(table: str, spec: HashTableSpec, overflow: str) -> None:
+    """Refuse eviction settings a table that never evicts would ignore (``overflow="error"`` outside a KEY_VALUE
+    device cache): a non-default ``eviction_policy``, ``eviction_options`` or ``eviction_cadence``.
+
+    Raises:
+        ConfigError: naming the table and the settings given.
+
+    Example::
+
+        refuse_unused_eviction_settings("user", HashTableSpec(eviction_policy="lfu"), "error")  # raises
+    """
+    unused = {"eviction_policy": spec.eviction_policy, "eviction_options": dict(spec.eviction_options),
+              "eviction_cadence": dict(spec.eviction_cadence)}
+    unused = {k: v for k, v in unused.items() if v and v != DEFAULT_EVICTION_POLICY}
+    if overflow == "error" and unused:
+        given = ", ".join(f"{k}={v!r}" for k, v in unused.items())
+        raise ConfigError(
+            f"table {table!r}: {given} would be ignored: with overflow='error' this table never evicts. Set "
+            "overflow='evict' to evict by them, or remove them (a KEY_VALUE table's device cache evicts by them "
+            "whatever its overflow)"
+        )
+
+
 class SlotTable(torch.nn.Module):
     """Maps a shard's raw IDs to rows of a fixed pool, with admission, eviction and counters.
 
@@ -66,9 +89,13 @@ class SlotTable(torch.nn.Module):
         rows: rows in the pool: the shard's rows plus the reserved default row (so ``rows - 1`` IDs fit).
         overflow: ``"error"`` raises :class:`CapacityError` when the pool is full; ``"evict"`` frees rows chosen
             by the eviction policy (a KEY_VALUE device cache always evicts).
+        refuse_unused: refuse eviction settings ``overflow="error"`` would ignore (see
+            :func:`refuse_unused_eviction_settings`); the unsharded modules check at their first training batch
+            instead, since a config may be built unsharded only to be sharded as KEY_VALUE.
 
     Raises:
-        ConfigError: a shard without rows (``rows < 2``), or an unknown overflow rule or policy name.
+        ConfigError: a shard without rows (``rows < 2``), an unknown overflow rule or policy name, or eviction
+            settings a table that never evicts would ignore.
     """
 
     # The buffers registered in __init__, typed (nn.Module's attribute lookup would type them as Tensor | Module).
@@ -77,8 +104,9 @@ class SlotTable(torch.nn.Module):
     pins: torch.Tensor
     new_mark: torch.Tensor
 
-    def __init__(self, table: str, spec: HashTableSpec, rows: int, overflow: str) -> None:
+    def __init__(self, table: str, spec: HashTableSpec, rows: int, overflow: str, refuse_unused: bool = True) -> None:
         super().__init__()
+        self.refuse_unused = refuse_unused
         if rows < 2:
             raise ConfigError(
                 f"table {table!r}: a shard has {rows - 1} row(s) for IDs; it needs at least 1. Raise num_embeddings "
@@ -111,6 +139,8 @@ class SlotTable(torch.nn.Module):
         from torchrec_ascend.policies.registry import create_admission_policy, create_eviction_policy
 
         spec, evicts = self.spec, self.overflow == "evict"
+        if self.refuse_unused:
+            refuse_unused_eviction_settings(self.table, spec, self.overflow)
         try:
             eviction = create_eviction_policy(spec.eviction_policy, self.capacity, **dict(spec.eviction_options)) \
                 if evicts else None

@@ -333,7 +333,21 @@ HEADER = b"user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
 
 CATALOGUE: List[BadInput] = [
     BadInput("configs", "capacity_below_1", "`HashEmbeddingBagConfig(num_embeddings=0)`", ConfigError,
-             "num_embeddings is the row capacity and must be >= 1", lambda _: _config(num_embeddings=0)),
+             "num_embeddings is the row capacity and must be an integer >= 1", lambda _: _config(num_embeddings=0)),
+    BadInput("configs", "width_below_1", "`HashEmbeddingBagConfig(embedding_dim=0)`", ConfigError,
+             "embedding_dim is the width of a row and must be an integer >= 1", lambda _: _config(embedding_dim=0)),
+    BadInput("configs", "overflow_in_eviction_options", '`overflow="evict", eviction_options={"overflow": "error"}`',
+             ConfigError, "eviction_options holds overflow='error': table options the eviction policy never reads",
+             lambda _: _config(overflow="evict", eviction_options={"overflow": "error"})),
+    BadInput("configs", "eviction_settings_never_used",
+             '`eviction_policy="lfu", eviction_options={"history": 5}` with `overflow="error"` (FUSED)', ConfigError,
+             "would be ignored: with overflow='error' this table never evicts",
+             lambda s: _sharded({"user": {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]}},
+                                tables=[_config(eviction_policy="lfu", eviction_options={"history": 5})])(s),
+             group=True),
+    BadInput("configs", "stock_field_ignored", "`HashEmbeddingBagConfig(init_fn=...)` (or `total_num_buckets`, "
+             "`use_virtual_table`, ...)", ConfigError, "would be ignored: a hash table maps raw IDs itself",
+             lambda _: _config(init_fn=torch.nn.init.zeros_)),
     BadInput("configs", "overflow_misspelled", '`overflow="evcit"`', ConfigError, "overflow must be one of",
              lambda _: _config(overflow="evcit")),
     BadInput("configs", "no_eviction_policy", '`eviction_policy=""`', ConfigError,
