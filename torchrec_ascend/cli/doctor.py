@@ -70,6 +70,7 @@ def diagnose() -> Diagnosis:
         if version is not None or dist in ("torch", "torchrec"):
             lines.append(f"  {dist:<17} {version or 'not installed'}")
     lines += _stack_lines(installed_version("torchrec"))
+    lines += _native_lines(problems)
 
     try:
         import torchrec  # noqa: F401  (triggers the import hook: registry, backend, patches)
@@ -140,6 +141,18 @@ def _device_op_lines(profile: Any) -> List[str]:
             state = "no kernel: device planning refused"
         lines += _wrap(f"{op.partition('::')[2]:<55} {state}", "  ")
     return lines
+
+
+def _native_lines(problems: List[str]) -> List[str]:
+    """Whether the native ops library loads, and the torch it was built for (or why it does not load)."""
+    from torchrec_ascend.native import library
+
+    problem = library.problem()
+    if problem is not None:
+        problems.append(problem)
+        return ["", "Native ops: NOT LOADED (see Errors)"]
+    built = library.built_for()
+    return ["", f"Native ops: loaded ({f'built for torch {built}' if built else 'source build'})"]
 
 
 def _stack_lines(torchrec_version: Optional[str]) -> List[str]:

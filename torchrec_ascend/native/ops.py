@@ -32,7 +32,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from torchrec_ascend.native import _C  # noqa: F401  (loading the library registers torch.ops.torchrec_ascend)
+from torchrec_ascend.native import library
+
+library.load()  # registers torch.ops.torchrec_ascend; on a torch it was not built for, says which it needs
 
 __all__ = [
     "hash_bucketize",
