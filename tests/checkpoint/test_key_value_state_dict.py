@@ -176,14 +176,14 @@ def test_in_place_ops_other_than_copy_are_refused(disk: str) -> None:
 @pytest.mark.parametrize("other, refusal", [
     ({"dim": 16}, r"Size mismatch .*\[256, 8\].*\[256, 16\]\) for model\.embedding_bags\.plain\.weight"),
     ({"optimizer": torch.optim.Adam}, r"Missing key .*optim\.state\.embedding_bags\.user\.weight\.user\.iter"),
+    ({"rows": 64}, r"Size mismatch .*\[256, 8\].*\[64, 8\]\) for model\.embedding_bags\.plain\.weight"),  # capacity
 ])
-def test_a_checkpoint_of_another_dimension_or_optimizer_is_refused_naming_the_table(disk: str, other: dict,
-                                                                                  refusal: str) -> None:
+def test_a_checkpoint_of_another_dimension_optimizer_or_capacity_is_refused_naming_the_table(
+        disk: str, other: dict, refusal: str) -> None:
     saved = model(disk)
     train(saved, range(5))
     dcp.save(both(saved), checkpoint_id=f"{disk}/ckpt")
     loaded = model(disk, **other)
-    train(loaded, range(2))
     before = lookups(loaded, range(5))
     with pytest.raises(CheckpointException, match=refusal):
         dcp.load(both(loaded), checkpoint_id=f"{disk}/ckpt")
