@@ -88,6 +88,8 @@ class DeviceProfile:
         sharding_types: TorchRec sharding types the device supports (H1).
         compute_kernels: compute kernels offered for model-parallel sharding types (data_parallel uses dense).
         fused_optimizers: fbgemm ``EmbOptimType`` names that can be fused into backward on this device.
+        weight_dtypes: TorchRec ``DataType`` names of the table weights its fused and KEY_VALUE kernels hold
+            (optimizer state stays FP32); another ``data_type`` is refused when the model is sharded.
         tbe: fbgemm TBE placement.
         streams: stream factory for pipelines; None if the device has no streams (CPU).
         planner: planner constants.
@@ -128,6 +130,7 @@ class DeviceProfile:
     kernel_overrides: Mapping[str, str] = dataclasses.field(default_factory=dict)
     process_group_classes: Tuple[str, ...] = ()
     installed_with: str = ""
+    weight_dtypes: Tuple[str, ...] = ("FP32", "FP16")
 
     def __post_init__(self) -> None:
         # A misspelled name would otherwise be dropped silently by the allow-list hooks.

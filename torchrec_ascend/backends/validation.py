@@ -69,6 +69,8 @@ FUSED_OPTIMIZERS = frozenset(
         "NONE",
     }
 )
+#: ``torchrec.types.DataType`` names.
+WEIGHT_DTYPES = frozenset({"FP32", "FP16", "BF16", "INT64", "INT32", "INT8", "UINT8", "INT4", "INT2", "NFP8"})
 #: fbgemm ``EmbeddingLocation`` and ``ComputeDevice`` names.
 TBE_LOCATIONS = frozenset({"DEVICE", "MANAGED", "MANAGED_CACHING", "HOST", "MTIA"})
 TBE_COMPUTE_DEVICES = frozenset({"CPU", "CUDA", "MTIA"})
@@ -148,6 +150,7 @@ def validate_profile(profile: "DeviceProfile") -> None:
     check.names("sharding_types", profile.sharding_types, SHARDING_TYPES, empty_ok=False)
     check.names("compute_kernels", profile.compute_kernels, COMPUTE_KERNELS, empty_ok=False)
     check.names("fused_optimizers", profile.fused_optimizers, FUSED_OPTIMIZERS)
+    check.names("weight_dtypes", profile.weight_dtypes, WEIGHT_DTYPES, empty_ok=False)
     check.names("requires_modules", profile.requires_modules)
     check.names("op_modules", profile.op_modules)
     check.names("optional_op_modules", profile.optional_op_modules)

@@ -74,20 +74,30 @@ def kernel_class(kind: str, config: Any, device: Any) -> Optional[Type[Any]]:
     return _load(override) if override else None
 
 
-def check_fused_optimizer(config: Any, device: Any) -> None:
-    """Refuse a fused optimizer the device cannot run, naming the tables and the supported optimizers.
+def check_kernel_config(config: Any, device: Any) -> None:
+    """Refuse a weight precision or a fused optimizer the device cannot run, naming the tables and what it supports.
 
-    fbgemm would otherwise fail deep inside the TBE constructor ("Optimizer adam is not supported in CPU mode").
+    fbgemm would otherwise fail deep inside the TBE constructor ("Optimizer adam is not supported in CPU mode") or at
+    the first lookup ("split_embedding_cpu_forward_2" not implemented for 'BFloat16').
     """
-    optimizer = (config.fused_params or {}).get("optimizer")
     profile = backends.profile_for(device.type if device is not None else "cpu")
-    if optimizer is None or profile is None or config.compute_kernel.value not in ("fused", "key_value"):
+    if profile is None or config.compute_kernel.value not in ("fused", "key_value"):
+        return
+    from torchrec_ascend.errors import ConfigError
+
+    tables = ", ".join(t.name for t in config.embedding_tables)
+    dtype = getattr(config.data_type, "name", str(config.data_type))
+    if dtype not in profile.weight_dtypes:
+        raise ConfigError(
+            f"tables [{tables}]: data_type {dtype} is not supported by the {profile.name} backend's "
+            f"{config.compute_kernel.value} kernel (its weights are {', '.join(profile.weight_dtypes)}; optimizer "
+            "state stays FP32). Set data_type=DataType.FP16 or FP32 in the table's config"
+        )
+    optimizer = (config.fused_params or {}).get("optimizer")
+    if optimizer is None:
         return
     name = getattr(optimizer, "name", str(optimizer)).upper()
-    tables = ", ".join(t.name for t in config.embedding_tables)
     if name not in profile.fused_optimizers:
-        from torchrec_ascend.errors import ConfigError
-
         raise ConfigError(
             f"tables [{tables}]: the {profile.name} backend cannot fuse {name} into backward (it fuses "
             f"{', '.join(profile.fused_optimizers)}). Choose one of those, e.g. "
@@ -111,7 +121,7 @@ def _pooled_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     def _create_embedding_kernel(
         self: Any, config: Any, device: Any, pg: Any, sharding_type: Any, env: Any
     ) -> Any:
-        check_fused_optimizer(config, device)
+        check_kernel_config(config, device)
         cls = kernel_class("pooled", config, device)
         if cls is None:
             return _stock_kernel(lambda c: original(self, c, device, pg, sharding_type, env), config, device)
@@ -122,7 +132,7 @@ def _pooled_factory(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _sequence_factory(original: Callable[..., Any]) -> Callable[..., Any]:
     def _create_embedding_kernel(self: Any, config: Any, pg: Any, device: Any, env: Any = None) -> Any:
-        check_fused_optimizer(config, device)
+        check_kernel_config(config, device)
         cls = kernel_class("sequence", config, device)
         if cls is None:
             return _stock_kernel(lambda c: original(self, c, pg, device, env), config, device)
