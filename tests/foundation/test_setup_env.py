@@ -76,3 +76,12 @@ def test_a_step_says_when_it_starts_and_while_it_runs(tmp_path: Path) -> None:
     assert lines[-1].endswith("] done")
     still = lines[1:-1]
     assert 1 <= len(still) <= 2 and all(line.endswith("] ... still compiling the native ops") for line in still)
+
+
+def test_the_local_index_location_notes_are_not_shown(tmp_path: Path) -> None:
+    """pip's note about a configured local index without a package's folder is dropped; other warnings stay."""
+    note = "WARNING: Location 'file:///opt/pypi/simple/torch/' is ignored: it is neither a file nor a directory."
+    pip = f"{note}\nWARNING: something pip warns about\n{note.replace('torch', 'tqdm')}\n"
+    proc = run_helpers("pip_q torch", tmp_path, pip)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["WARNING: something pip warns about"]
