@@ -5,8 +5,10 @@ Design. Each ``put`` encodes its rows as fixed-size records (key, checksum, exac
 one 8-byte bucket per key (see :mod:`.key_index`): a 28-bit fingerprint of the key's hash and the record's 36-bit
 location (segment number * records per segment + offset), 10 to 13 bytes of memory per key at its load; the
 full key is checked in the record itself, whose checksum also covers its location. Overwritten and removed records
-become garbage; a sealed segment whose garbage reaches ``compact_fraction`` of its records is compacted (its live
-records are re-appended, then the file is deleted, its number reused) before the next write. A read gathers a
+become garbage; a segment whose garbage reaches ``compact_fraction`` of its records is compacted (its live
+records are re-appended, then the file is deleted, its number reused) before the next write (the segment being
+appended to once that garbage also reaches 1 MiB: it is sealed first), so the files hold about
+``1 / (1 - compact_fraction)`` times the live records at most, plus 1 MiB, however small the store. A read gathers a
 batch's records across files in one native call that announces them all to the kernel first, so the disk serves
 the page-cache misses in parallel (:func:`.segment_file.read_records`), and verifies every record's checksum and
 key, so a corrupted, moved or truncated record raises :class:`StorageError` naming the file and keys, never a wrong
@@ -48,6 +50,7 @@ from .segment_file import SegmentFile, read_records
 DEFAULT_SEGMENT_BYTES = 256 << 20
 MAX_KEYS_IN_MESSAGE = 8
 BULK_PIECE_ROWS = 8192  # rows a bulk load encodes and writes at once
+ACTIVE_GARBAGE_BYTES = 1 << 20  # garbage of the segment being appended to worth compacting (see DiskStore)
 PARTITIONS = 256
 MAX_BUCKETS = 1 << 25  # per partition: 256 * 2**25 * 0.8 = 6.8e9 keys at most, 64 GiB of address space
 FINGERPRINT_BITS = 28
@@ -72,8 +75,8 @@ class DiskStore:
         dtype (torch.dtype): element type of the rows.
         name (str): the table's name, used in file names and messages.
         segment_bytes (int): target size of one segment file (at least one record).
-        compact_fraction (float): in ``(0, 1]``; a sealed segment is compacted once this fraction of its
-            records is garbage. Lower means less disk space and more rewriting.
+        compact_fraction (float): in ``(0, 1]``; a segment is compacted once this fraction of its records is
+            garbage (the one being appended to: and at least 1 MiB of them). Lower means less disk space and more rewriting.
         initial_capacity (int): unused (the index grows a partition at a time, at no transient cost).
 
     Raises:
@@ -113,6 +116,9 @@ class DiskStore:
                 f"bytes); use at least that, typically tens of MiB"
             )
         self.segment_records = min(segment_bytes // self._format.nbytes, MAX_LOCATIONS)
+        # The segment being appended to is compacted too (else a store smaller than one segment never reclaims
+        # space): once compact_fraction of it is garbage and that garbage is at least this many records.
+        self._active_garbage_floor = max(1, min(self.segment_records // 2, ACTIVE_GARBAGE_BYTES // self._format.nbytes))
         self.max_segments = MAX_LOCATIONS // self.segment_records
         self.compact_fraction = compact_fraction
         try:
@@ -627,7 +633,10 @@ class DiskStore:
         for segment_id in sorted(self._to_compact):
             seg = self._segments[segment_id]
             if seg is self._active:
-                continue
+                garbage = seg.count - seg.live
+                if garbage < self.compact_fraction * seg.count or garbage < self._active_garbage_floor:
+                    continue  # stays marked: appends to it are cheap until its garbage is worth a rewrite
+                self._active = None  # sealed: the next append opens another segment
             self._to_compact.discard(segment_id)
             if segment_id in self._damaged:
                 continue  # reading it again would fail again; its live rows stay where they are
