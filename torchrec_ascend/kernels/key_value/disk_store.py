@@ -76,7 +76,8 @@ class DiskStore:
         name (str): the table's name, used in file names and messages.
         segment_bytes (int): target size of one segment file (at least one record).
         compact_fraction (float): in ``(0, 1]``; a segment is compacted once this fraction of its records is
-            garbage (the one being appended to: and at least 1 MiB of them). Lower means less disk space and more rewriting.
+            garbage (the one being appended to: and at least 1 MiB of them). Lower means less disk space and more
+            rewriting.
         initial_capacity (int): unused (the index grows a partition at a time, at no transient cost).
 
     Raises:

@@ -24,7 +24,6 @@ from torchrec_ascend.kernels.key_value.disk_store import DiskStore
 from torchrec_ascend.kernels.key_value.host_store import HostStore
 from torchrec_ascend.kernels.pool import Pool
 
-
 # A disk segment is compacted once this fraction of it is garbage: the files stay within 1 / (1 - 0.4) = 1.67x the
 # live rows plus what one batch adds and the 1 MiB floor of the segment being appended to, under the 2x promised
 # (at 0.5 a batch's moves pushed them just past 2x between compactions; benchmarks/bench_soak.py).
