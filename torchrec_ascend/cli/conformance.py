@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import pytest
     except ImportError:
-        print("torchrec-ascend conformance runs on pytest and hypothesis: pip install 'torchrec-ascend[test]'",
+        print("torchrec-ascend conformance runs on pytest and hypothesis: pip install 'torchrec-ascend[conformance]'",
               file=sys.stderr)
         return USAGE_ERROR
     return int(pytest.main(pytest_args(args)))
