@@ -9,7 +9,7 @@ Per benchmark the report gives the command, the baseline, the medians and ratios
 met; its header states the date, the machine and the load on it (2 shared cores here: single runs vary by 2x and
 more under load; every ratio is against a baseline measured in the same run).
 
-Run (about 4-5 minutes here)::
+Run (about 12-13 minutes here, 8 of them the 100,000-step soak)::
 
     bash scripts/run-benchmarks                    # or: .venv/bin/python benchmarks/run_all.py
     .venv/bin/python benchmarks/run_all.py --smoke --report /tmp/REPORT.md   # tiny sizes: checks they all run
@@ -144,6 +144,10 @@ class Benchmark:
         return [sys.executable, str(HERE / self.script), *args] + (["--json", json_path] if not self.parse else [])
 
 
+# The soak's short form (CI, tests/benchmarks/test_soak.py): segments of 64 KiB, so compaction runs at this size.
+SOAK_SHORT = ["--steps", "1500", "--checkpoints", "4", "--ids", "20000", "--batch", "128", "--cache-rows", "256",
+              "--host-kb", "32", "--segment-mb", "0.0625"]
+
 BENCHMARKS = [
     Benchmark("id_map", "bench_id_map.py", [],
               ["--batches", "2", "--dict-batches", "1", "--batch-size", "4096", "--capacity", "100000"],
@@ -160,6 +164,7 @@ BENCHMARKS = [
               ["--rows", "2000", "--catalogue", "1000", "--batch", "32", "--pool", "4", "--runs", "1", "--steps", "2",
                "--warmup", "1"]),
     Benchmark("checkpoint_paths", "bench_checkpoint_paths.py", [], ["--rows", "20000", "--dim", "16", "--reps", "1"]),
+    Benchmark("soak", "bench_soak.py", ["--steps", "100000"], SOAK_SHORT),
     Benchmark("key_value", "bench_key_value.py", ["--runs", "7", "--steps", "30"],
               ["--catalogue", "100000", "--batch", "16", "--bag", "4", "--pool", "30", "--warmup", "2", "--runs",
                "1", "--steps", "2", "--policies", "lru", "ttl"]),
