@@ -109,7 +109,20 @@ def test_emulate_flag_reaches_the_suite_and_its_scripts() -> None:
     assert launch.script_env("cpu", "gloo")[launch.EMULATE_ENV] == "0"
 
 
+def test_emulate_memory_reaches_the_emulated_ranks() -> None:
+    argv = cli.pytest_args(parse("--device", "npu", "--emulate", "--emulate-memory", "1048576"))
+    assert "--conformance-emulate-memory=1048576" in argv
+    env = launch.script_env("npu", "hccl", emulate=True, memory=1 << 20)
+    assert env[launch.EMULATOR_MEMORY_ENV] == "1048576"
+    assert launch.EMULATOR_MEMORY_ENV not in launch.script_env("npu", "hccl", emulate=False, memory=1 << 20)
+    from torchrec_ascend.testing.emulated_npu import MEMORY_ENV
+
+    assert launch.EMULATOR_MEMORY_ENV == MEMORY_ENV
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["--emulate-memory", "1048576"], "--emulate-memory 1048576 sets the emulated npu's device memory: add --emulate"),
+    (["--device", "npu", "--emulate", "--emulate-memory", "-1"], "--emulate-memory must be a number of bytes >= 0"),
     (["--emulate"], "--emulate emulates the npu device only, got --device cpu"),
     (["--device", "cuda", "--emulate"], "--emulate emulates the npu device only, got --device cuda"),
 ])

@@ -13,6 +13,7 @@ Example::
 
     $ torchrec-ascend conformance --device npu --world-size 8
     $ torchrec-ascend conformance --device npu --emulate
+    $ torchrec-ascend conformance --device npu --emulate --emulate-memory 1073741824
     $ torchrec-ascend conformance --quick --junit conformance.xml
     $ torchrec-ascend conformance --only policies --policy my_policy --policy 'ttl={"ttl_steps": 3}'
 """
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the suite; return pytest's exit status (0: every case passed or was skipped with a reason)."""
     try:
         suite = SuiteConfig(device=args.device, world_size=args.world_size, policies=tuple(args.policy),
-                            quick=args.quick, emulate=args.emulate)
+                            quick=args.quick, emulate=args.emulate, emulate_memory=args.emulate_memory)
         absent = suite.absent_reason()  # an unknown device stops here, listing the known ones
     except TorchRecAscendError as err:
         print(f"torchrec-ascend conformance: {err}", file=sys.stderr)

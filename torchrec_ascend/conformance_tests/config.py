@@ -35,6 +35,8 @@ OPTIONS = {
     "--conformance-quick": ("--quick", False, "fewer cases and steps, one case per area"),
     "--conformance-emulate": ("--emulate", False, "run on torchrec_ascend.testing's emulated NPU (with --device "
                                                   "npu; refused where torch_npu is installed)"),
+    "--conformance-emulate-memory": ("--emulate-memory", 0, "device memory of each emulated npu in bytes, with "
+                                                            "--emulate; 0: the npu profile's HBM"),
 }
 #: The device the emulator presents (``--emulate``).
 EMULATED_DEVICE = "npu"
@@ -67,10 +69,13 @@ class SuiteConfig:
         policies (Tuple[str, ...]): ``NAME`` or ``NAME=JSON`` policies to check; empty: every installed policy.
         quick (bool): fewer cases and steps, keeping at least one case per area.
         emulate (bool): run on ``torchrec_ascend.testing``'s emulated NPU instead of Ascend hardware.
+        emulate_memory (int): bytes of device memory per emulated npu (``--emulate`` only; 0: the npu profile's
+            HBM, the emulator's default); an allocation past it fails the case with the OOM torch_npu raises.
 
     Raises:
         ConfigError: ``world_size`` below 1, a malformed policy spec, ``emulate`` with a device other than ``npu``,
-            or ``emulate`` where torch_npu is installed (the emulator and the real device cannot share a process).
+            or ``emulate`` where torch_npu is installed (the emulator and the real device cannot share a process);
+            ``emulate_memory`` without ``emulate`` or below 0.
         BackendError: (from :attr:`profile`) no backend profile declares ``device``.
 
     Example::
@@ -83,10 +88,20 @@ class SuiteConfig:
     policies: Tuple[str, ...] = ()
     quick: bool = False
     emulate: bool = False
+    emulate_memory: int = 0
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ConfigError(f"--world-size must be at least 1, got {self.world_size}")
+        if self.emulate_memory and not self.emulate:
+            raise ConfigError(
+                f"--emulate-memory {self.emulate_memory} sets the emulated npu's device memory: add --emulate "
+                f"(--device {EMULATED_DEVICE} --emulate --emulate-memory BYTES), or drop it; real devices have "
+                "their own memory"
+            )
+        if self.emulate_memory < 0:
+            raise ConfigError(f"--emulate-memory must be a number of bytes >= 0 (0: the npu profile's HBM), "
+                              f"got {self.emulate_memory}")
         if self.emulate and self.device != EMULATED_DEVICE:
             raise ConfigError(
                 f"--emulate emulates the {EMULATED_DEVICE} device only, got --device {self.device}: use "
@@ -114,6 +129,7 @@ class SuiteConfig:
             policies=tuple(value["conformance_policy"] or ()),
             quick=value["conformance_quick"],
             emulate=value["conformance_emulate"],
+            emulate_memory=value["conformance_emulate_memory"],
         )
 
     @functools.cached_property
@@ -167,7 +183,8 @@ class SuiteConfig:
         from torchrec_ascend import backends
 
         # The ranks select the backend under test (automatic selection would not pick the emulated npu).
-        env = {**script_env(self.profile.device_type, self.profile.collective_backend, self.emulate),
+        env = {**script_env(self.profile.device_type, self.profile.collective_backend, self.emulate,
+                            self.emulate_memory),
                backends.DEVICE_ENV: self.profile.name}
         run = run_distributed(script, world_size or self.world_size, [c.params for c in runnable], env, timeout)
         if ran_on(run) != self.device:

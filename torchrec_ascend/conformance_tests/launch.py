@@ -39,6 +39,9 @@ STOCK_SCRIPTS = Path(__file__).parent / "stock"
 #: ``1``: the ranks run on torchrec_ascend.testing's emulated NPU (``torchrec-ascend conformance --emulate``).
 EMULATE_ENV = "TORCHREC_ASCEND_CONFORMANCE_EMULATE"
 EMULATED_RUN = "torchrec_ascend.conformance_tests.emulated_run"
+#: The emulated npu's device memory in bytes (``torchrec_ascend.testing.emulated_npu.MEMORY_ENV``; not imported:
+#: that module is the emulator's, loaded in the ranks only).
+EMULATOR_MEMORY_ENV = "TORCHREC_ASCEND_EMULATOR_MEMORY"
 
 
 class LaunchError(RuntimeError):
@@ -80,20 +83,25 @@ def run_distributed(
         return json.loads(out.read_text())
 
 
-def script_env(device_type: str, collective_backend: str, emulate: bool = False) -> Dict[str, str]:
+def script_env(device_type: str, collective_backend: str, emulate: bool = False, memory: int = 0) -> Dict[str, str]:
     """The environment telling a script's ranks where to run (pass it as ``run_distributed(..., env=...)``).
 
     Args:
         device_type: ``torch.device`` type, e.g. the backend profile's ``device_type``.
         collective_backend: ``torch.distributed`` backend, e.g. the profile's ``collective_backend``.
         emulate: the ranks run on the emulated NPU (see :func:`python_command`).
+        memory: with ``emulate``, each emulated npu's device memory in bytes (0: the emulator's default, the npu
+            profile's HBM), passed as ``torchrec_ascend.testing``'s ``TORCHREC_ASCEND_EMULATOR_MEMORY``.
 
     Example::
 
         profile = backends.profile_for("cpu")
         run_distributed(script, 2, cases, env=script_env(profile.device_type, profile.collective_backend))
     """
-    return {DEVICE_ENV: device_type, BACKEND_ENV: collective_backend, EMULATE_ENV: "1" if emulate else "0"}
+    env = {DEVICE_ENV: device_type, BACKEND_ENV: collective_backend, EMULATE_ENV: "1" if emulate else "0"}
+    if emulate and memory:
+        env[EMULATOR_MEMORY_ENV] = str(int(memory))
+    return env
 
 
 def python_command(script: Path, env: Mapping[str, str], python: Optional[List[str]] = None) -> List[str]:

@@ -6,6 +6,7 @@ One module per hook point (see README, "How TorchRec is hooked"):
 * H2 :mod:`.kernel_factory`: which kernel class a lookup builds (our hash, KEY_VALUE and device-fix kernels);
   :mod:`.dense_device`: the stock dense (data_parallel) kernels keep their table on the NPU.
 * H3 :mod:`.planner_constants`: bandwidths for (device, kernel) pairs TorchRec has no figure for.
+* H3 :mod:`.planner_storage`: a KEY_VALUE shard's HBM estimate is its device cache with its optimizer state.
 * H4 :mod:`.pipeline_streams`: streams for train pipelines and ``record_stream`` after collectives.
 * H5 :mod:`.process_group`: ``DistributedModelParallel.copy()`` on builds without NCCL, and other PG plumbing;
   :mod:`.uneven_collectives`: uneven reduce-scatter backward on backends that gather equal sizes only (gloo).
@@ -37,6 +38,7 @@ def default_patches() -> List[Patch]:
         kernel_factory,
         pipeline_streams,
         planner_constants,
+        planner_storage,
         process_group,
         sharding_allowlist,
         uneven_collectives,
@@ -47,6 +49,7 @@ def default_patches() -> List[Patch]:
         *kernel_factory.PATCHES,
         *dense_device.PATCHES,
         *planner_constants.PATCHES,
+        *planner_storage.PATCHES,
         *pipeline_streams.PATCHES,
         *process_group.PATCHES,
         *uneven_collectives.PATCHES,

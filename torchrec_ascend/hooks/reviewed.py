@@ -289,5 +289,12 @@ REVIEWED = {
             "1.8.0": "6f943c7f0f79006b",
             "1.9.2": "6f943c7f0f79006b"
         }
+    },
+    "h3.key_value_storage": {
+        "target": "torchrec.distributed.planner.shard_estimators:calculate_shard_storages",
+        "digests": {
+            "1.8.0": "5caf3031ba435697",
+            "1.9.2": "5caf3031ba435697"
+        }
     }
 }
