@@ -45,6 +45,12 @@ stay right; on hardware they would not):
 * ``host_read_in_flight``: the row-wise hash input dist copies the batch's IDs to the host with
   ``non_blocking=True`` and reads them without waiting for the copy.
 
+Faults only the emulated NPU's device memory sees:
+
+* ``cache_past_memory``: the KEY_VALUE kernel sizes its device cache at 16,384 times the rows the plan gave it
+  (the planner's estimate stays right, so the plan is accepted): run with ``--emulate-memory`` below that cache, the
+  first table's TBE allocation fails with torch_npu's "NPU out of memory".
+
 ``TORCHREC_ASCEND_TEST_FAULT`` may name several faults, comma-separated (of different modules).
 """
 
@@ -294,6 +300,17 @@ def _host_read_in_flight_patch() -> None:
     hash_row_wise._move = move
 
 
+def _cache_past_memory_patch() -> None:
+    from torchrec_ascend.kernels.key_value import kernel
+
+    original = kernel.cache_rows
+
+    def cache_table(table: Any, load_factor: Any) -> Any:
+        return kernel.with_block_rows(table, lambda rows: original(rows, load_factor) * 16384)
+
+    kernel._cache_table = cache_table
+
+
 FAULTS = {
     "bucketize_off_by_one": _bucketize_off_by_one,
     "drop_update": _drop_update,
@@ -313,6 +330,7 @@ FAULTS = {
     "stage_wait_missing": _after_import("torchrec_ascend.pipeline.streams", _stage_wait_missing_patch),
     "record_stream_missing": _after_import("torchrec_ascend.pipeline.streams", _record_stream_missing_patch),
     "host_read_in_flight": _after_import("torchrec_ascend.sharders.hash_row_wise", _host_read_in_flight_patch),
+    "cache_past_memory": _after_import("torchrec_ascend.kernels.key_value.kernel", _cache_past_memory_patch),
 }
 for _name in os.environ[FAULT_ENV].split(","):
     FAULTS[_name]()

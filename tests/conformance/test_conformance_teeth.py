@@ -307,3 +307,17 @@ def test_a_stream_order_fault_fails_the_emulated_run(fault: str, emulated_npu: N
     status, output, outcomes = run_cli(EMULATED + ["--quick", "--only", check], tmp_path, env)
     assert status == 1 and "failed" in outcomes.values(), output
     assert STREAM_CHECK in output and phrase in output, output
+
+
+#: Device memory for the run with the oversized cache: the quick KEY_VALUE cases need under 1 MiB per rank; the
+#: broken cache asks for more than this at its first table.
+SMALL_DEVICE_MEMORY = 16 << 20
+
+
+def test_a_cache_past_device_memory_fails_the_emulated_run(emulated_npu: None, fault_site: Path,
+                                                            tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": "cache_past_memory"}
+    argv = EMULATED + ["--emulate-memory", str(SMALL_DEVICE_MEMORY), "--quick", "--only", "key_value"]
+    status, output, outcomes = run_cli(argv, tmp_path, env)
+    assert status == 1 and "failed" in outcomes.values(), output
+    assert "NPU out of memory. Tried to allocate" in output, output
