@@ -147,9 +147,8 @@ class IdMapper:
             self._release(self._in_compute)  # the previous batch's backward is done: its rows may go
             self._in_compute = []
             ready = self._prefetched.pop((values.data_ptr(), values.numel()), None)
+            self._rewrite_default_rows()
             if ready is not None and ready[1] is not None and (ready[0] is values or torch.equal(ready[0], values)):
-                for t in range(len(self._slot_tables)):
-                    self._pool.write_default_row(t)  # the previous backward may have moved it since the prefetch
                 self.prefetched_batches += 1
                 mapped, self._in_compute = with_values(features, ready[1]), ready[2]
             else:
@@ -166,7 +165,15 @@ class IdMapper:
     def map_now(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``features`` with raw IDs replaced by rows chosen now (nothing pinned); the values on their device."""
         values = features.values()
+        self._rewrite_default_rows()
         return with_values(features, self.map_on_host(with_values(features, to_host(values)), values.device)[0])
+
+    def _rewrite_default_rows(self) -> None:
+        """Rewrite each table's reserved row (the previous backward may have moved it) on the compute stream, before
+        the lookup reads it. Only the compute stream writes it: a prefetch on a host lane would race the lookup of
+        the batch before (the emulated npu's stream check caught it at pipeline depth 2 and 3)."""
+        for t in range(len(self._slot_tables)):
+            self._pool.write_default_row(t)
 
     def map_on_host(self, on_host: KeyedJaggedTensor, device: torch.device) -> Tuple[torch.Tensor, KeyedJaggedTensor]:
         """Map ``on_host`` (a batch's raw IDs on the host): its rows on ``device`` (one host-to-device copy), and
@@ -197,7 +204,6 @@ class IdMapper:
                 except Exception:
                     table.remove(assignment.new_ids)  # unfilled rows must not stay mapped; the stores keep theirs
                     raise
-            self._pool.write_default_row(t)
             sizes = [per_feature[i].numel() for i in features_of_t]
             for i, part in zip(features_of_t, torch.split(assignment.slots, sizes)):
                 slots[i] = part
