@@ -252,7 +252,11 @@ def key_value_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     if long:
         params = {**long[-1].params, "steps": 400}
         cases.append(Case(params, {**long[-1].expect, "disk_rows": True}))
-    return cases + _variants([c for c in cases if c.params.get("steps") != 400], KEY_VALUE_VARIANTS) + pins
+        # load_factor=1.0: a cache of the shard's rows (plugin/key_value.py's tables hold 1024 rows) never swaps
+        whole = {**long[-1].params, "cache_rows": 1024 // world_size}
+        cases.append(Case(whole, {**long[-1].expect, "whole_table": True}))
+    swapping = [c for c in cases if c.params.get("steps") != 400 and not c.expect.get("whole_table")]
+    return cases + _variants(swapping, KEY_VALUE_VARIANTS) + pins
 
 
 def _pin_release_cases(cases: List[Case], quick: bool) -> List[Case]:

@@ -40,6 +40,7 @@ def test_case(case: Case, request: Any) -> None:
         return
     if "state_dict" in case.params:  # state_dict() and the fused optimizer's through DCP, into the same plan
         assert not r["load_error"], r["load_error"]
+        assert not r["shape_errors"], f"the not-admitted row shows in the state_dicts: {r['shape_errors']}"
         assert r["row_err"] == 0.0 and r["fwd_err"] == 0.0, (
             f"after a state_dict round trip rows differ by {r['row_err']} and outputs by {r['fwd_err']} from the "
             "model that never stopped")

@@ -24,7 +24,8 @@ emulated NPU the copies and syncs of its per-batch parts (``runner.count_transfe
 A case with ``"state_dict": <sharding type>`` instead checks the stock checkpoint path: train, save
 ``state_dict()`` and the fused optimizer's with torch.distributed.checkpoint, load them into the model sharded the
 given way, train both on. Reported: ``load_error`` (a refused load's message), ``fwd_err`` and ``row_err`` against
-the model that never stopped.
+the model that never stopped, and ``shape_errors``: each entry of the saved state_dicts whose rows are not the
+table's ``num_embeddings`` (the not-admitted row must stay hidden).
 
 A case with ``"promise": "reused_row"`` checks that an ID taking over an evicted ID's row trains as a new row (FUSED
 or KEY_VALUE, row-wise Adagrad): see ``plugin/reused_rows.py``.
@@ -313,7 +314,9 @@ def state_dict_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
         train(saved, step)
     error = ""
     with shared_directory("state-dict-", pg) as directory:
-        dcp.save({"model": saved.state_dict(), "optim": saved.fused_optimizer.state_dict()}, checkpoint_id=directory)
+        saved_state = {"model": saved.state_dict(), "optim": saved.fused_optimizer.state_dict()}
+        shape_errors = _not_table_sized(saved_state, case["kind"])
+        dcp.save(saved_state, checkpoint_id=directory)
         loaded = build(case["state_dict"])
         state = {"model": loaded.state_dict(), "optim": loaded.fused_optimizer.state_dict()}
         try:  # DCP refuses a load onto more shards than were saved: no policy state for the new ones
@@ -331,8 +334,26 @@ def state_dict_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     if any(errors):  # no rank trains on alone
         return {"load_error": next(e for e in errors if e)}
     fwd_err = max((train(saved, s) - train(loaded, s)).abs().max().item() for s in range(STEPS // 2, STEPS))
-    return {"load_error": "", "fwd_err": fwd_err, "residency": where,
+    return {"load_error": "", "fwd_err": fwd_err, "residency": where, "shape_errors": shape_errors,
             "row_err": max_row_diff(sharded_rows(saved, pg), sharded_rows(loaded, pg))}
+
+
+def _not_table_sized(state: Dict[str, Any], kind: str) -> List[str]:
+    """Each tensor of ``state`` (a model's and its fused optimizer's state_dict) holding a hash table's rows whose
+    first dimension is not the table's ``num_embeddings`` (a multiple, for row-wise states), as ``"<key>: <size>"``."""
+    prefix = "embeddings" if kind == "ec" else "embedding_bags"
+    rows = {f"{prefix}.{name}.weight": capacity for name, capacity, _ in TABLES}
+    entries = [(key, state["model"][key]) for key in rows if key in state["model"]]
+    entries += [(f"{key} {name}", value) for key in rows for name, value in state["optim"]["state"].get(key, {}).items()
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and not name.endswith(".iter")]
+    if len(entries) < len(rows):
+        return [f"the model's state_dict holds {len(entries)} of the {len(rows)} tables' weights"]
+    def table_sized(key: str, value: torch.Tensor) -> bool:
+        table_rows = rows[key.split(" ")[0]]
+        # A row-wise state of a column-wise table holds each column shard's rows one after the other (TorchRec's).
+        return value.size(0) % table_rows == 0 if value.dim() == 1 else value.size(0) == table_rows
+
+    return [f"{key}: {tuple(value.size())}" for key, value in entries if not table_sized(key, value)]
 
 
 def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
