@@ -51,6 +51,12 @@ Faults only the emulated NPU's device memory sees:
   (the planner's estimate stays right, so the plan is accepted): run with ``--emulate-memory`` below that cache, the
   first table's TBE allocation fails with torch_npu's "NPU out of memory".
 
+A fault the emulated NPU's copy and sync counters see:
+
+* ``item_per_step``: the FUSED hash EBC kernel reads a number off its output with ``.item()`` on every training
+  forward (a per-step host sync on the compute thread); the kernel's sync budget (``harness.TRANSFER_BUDGET``,
+  1 per call) fails the case.
+
 ``TORCHREC_ASCEND_TEST_FAULT`` may name several faults, comma-separated (of different modules).
 """
 
@@ -311,6 +317,20 @@ def _cache_past_memory_patch() -> None:
     kernel._cache_table = cache_table
 
 
+def _item_per_step_patch() -> None:
+    from torchrec_ascend.kernels.fused import HashFusedEmbeddingBag
+
+    original = HashFusedEmbeddingBag.forward
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        if self.training and out.numel():
+            out.detach().reshape(-1)[0].item()  # e.g. a loss or norm logged every step
+        return out
+
+    HashFusedEmbeddingBag.forward = forward
+
+
 FAULTS = {
     "bucketize_off_by_one": _bucketize_off_by_one,
     "drop_update": _drop_update,
@@ -330,6 +350,7 @@ FAULTS = {
     "stage_wait_missing": _after_import("torchrec_ascend.pipeline.streams", _stage_wait_missing_patch),
     "record_stream_missing": _after_import("torchrec_ascend.pipeline.streams", _record_stream_missing_patch),
     "host_read_in_flight": _after_import("torchrec_ascend.sharders.hash_row_wise", _host_read_in_flight_patch),
+    "item_per_step": _after_import("torchrec_ascend.kernels.fused", _item_per_step_patch),
     "cache_past_memory": _after_import("torchrec_ascend.kernels.key_value.kernel", _cache_past_memory_patch),
 }
 for _name in os.environ[FAULT_ENV].split(","):

@@ -321,3 +321,10 @@ def test_a_cache_past_device_memory_fails_the_emulated_run(emulated_npu: None, f
     status, output, outcomes = run_cli(argv, tmp_path, env)
     assert status == 1 and "failed" in outcomes.values(), output
     assert "NPU out of memory. Tried to allocate" in output, output
+
+
+def test_a_per_step_item_fails_the_emulated_run(emulated_npu: None, fault_site: Path, tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": "item_per_step"}
+    status, output, outcomes = run_cli(EMULATED + ["--quick", "--only", "hash_tables"], tmp_path, env)
+    assert status == 1 and "failed" in outcomes.values(), output
+    assert "host<->device traffic over budget: fused_hash" in output and "syncs per call" in output, output
