@@ -303,7 +303,9 @@ def test_a_stream_order_fault_fails_the_emulated_run(fault: str, emulated_npu: N
     from torchrec_ascend.testing.emulated_npu import STREAM_CHECK
 
     check, phrase = STREAM_FAULTS[fault]
-    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": fault}
+    # The rank that fails leaves the other in a collective: 20 s of waiting is enough to fail (the default: 120 s).
+    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": fault,
+           "TORCHREC_ASCEND_COLLECTIVE_TIMEOUT_S": "20"}
     status, output, outcomes = run_cli(EMULATED + ["--quick", "--only", check], tmp_path, env)
     assert status == 1 and "failed" in outcomes.values(), output
     assert STREAM_CHECK in output and phrase in output, output
