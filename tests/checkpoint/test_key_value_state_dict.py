@@ -214,3 +214,17 @@ def test_a_dcp_load_cut_short_by_a_truncated_file_is_refused_and_changes_no_key_
             refused.append(str(err).split("'")[1])
     assert refused == (["plain"] if kept == 0.5 else ["user", "plain"])
     assert torch.equal(after, before)
+
+
+def test_a_missing_shard_file_is_refused_before_any_table_changes(disk: str) -> None:
+    saved = model(disk)
+    train(saved, range(20))
+    dcp.save(both(saved), checkpoint_id=f"{disk}/ckpt")
+    (shard_file,) = glob.glob(f"{disk}/ckpt/*.distcp")
+    os.remove(shard_file)
+    loaded = model(disk)
+    train(loaded, range(3))
+    before = lookups(loaded, range(20))
+    with pytest.raises(CheckpointException, match="No such file"):
+        dcp.load(both(loaded), checkpoint_id=f"{disk}/ckpt")
+    assert torch.equal(lookups(loaded, range(20)), before)  # nothing was staged: nothing to refuse either
