@@ -41,12 +41,16 @@ NUMBER = r"[-+]?\d+(?:\.\d+)?"
 ENV = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
+ID_MAP_TARGET = 100.0  # M IDs/s, later batches (issue 32)
+
+
 class ParseError(ValueError):
     """A benchmark's output does not have the expected shape; the message says what was missing."""
 
 
 def parse_id_map(text: str) -> Dict[str, Any]:
-    """bench_id_map.py: first-batch and later-batch M IDs/s per contender; target >= 30 M IDs/s (later)."""
+    """bench_id_map.py: first-batch and later-batch M IDs/s per contender (pandas' khash too when installed);
+    target >= 100 M IDs/s (later)."""
     pattern = re.compile(rf"^(?P<name>\S.*?)\s+first batch\s+(?P<first>{NUMBER}) M IDs/s\s+later batches "
                          rf"\(median of (?P<n>\d+)\)\s+(?P<later>{NUMBER}) M IDs/s", re.M)
     found = {m["name"]: m for m in pattern.finditer(text)}
@@ -56,11 +60,11 @@ def parse_id_map(text: str) -> Dict[str, Any]:
     rows = [{"contender": name, "first batch M IDs/s": float(m["first"]), "later batches M IDs/s": float(m["later"]),
              "later batches": int(m["n"]), "vs dict": float(m["later"]) / dict_rate} for name, m in found.items()]
     lines = text.splitlines()
-    notes = lines[:1] + [line.strip() for line in lines if "skipped" in line]
+    notes = lines[:1] + [line.strip() for line in lines if "skipped" in line or line.startswith("ratio IdMap / khash")]
     ours = float(found["IdMap (native)"]["later"])
     return make_result("IdMap.insert_or_lookup, Zipf(1.05) batches, one thread",
                        "a Python dict, same batches, same run", rows,
-                       [target("IdMap later-batch M IDs/s", ours, ">=", 30.0)], notes)
+                       [target("IdMap later-batch M IDs/s", ours, ">=", ID_MAP_TARGET)], notes)
 
 
 def parse_policies(text: str) -> Dict[str, Any]:

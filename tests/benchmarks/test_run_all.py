@@ -21,10 +21,11 @@ from results import make_result, target
 
 ID_MAP_OUT = """\
 8 batches of 1048576 Zipf(1.05) IDs, 4165609 distinct in all, capacity 10000000, torch threads 1
-IdMap (native)         first batch    28.09 M IDs/s   later batches (median of 7)    31.50 M IDs/s
+IdMap (native)         first batch   108.09 M IDs/s   later batches (median of 7)   101.50 M IDs/s
 Python dict            first batch     1.41 M IDs/s   later batches (median of 2)     1.05 M IDs/s
-ratio IdMap / dict:    30.0x (later-batch medians)
-pandas khash           skipped (pandas is not installed)
+ratio IdMap / dict:    96.7x (later-batch medians)
+pandas khash           first batch    20.03 M IDs/s   later batches (median of 7)    15.20 M IDs/s
+ratio IdMap / khash:    6.7x (later-batch medians)
 """
 
 POLICIES_OUT = """\
@@ -67,18 +68,22 @@ PIPELINE_OUT = """
 """
 
 
-def test_parse_id_map_reads_rates_and_judges_the_30m_target() -> None:
+def test_parse_id_map_reads_rates_and_judges_the_100m_target() -> None:
     result = run_all.parse_id_map(ID_MAP_OUT)
-    ours, plain = result["rows"]
+    ours, plain, khash = result["rows"]
     assert ours["contender"] == "IdMap (native)"
-    assert (ours["later batches M IDs/s"], ours["first batch M IDs/s"]) == (31.5, 28.09)
-    assert ours["vs dict"] == pytest.approx(31.5 / 1.05)
+    assert (ours["later batches M IDs/s"], ours["first batch M IDs/s"]) == (101.5, 108.09)
+    assert ours["vs dict"] == pytest.approx(101.5 / 1.05)
     assert plain["contender"] == "Python dict"
-    assert result["targets"] == [target("IdMap later-batch M IDs/s", 31.5, ">=", 30.0)]
+    assert (khash["contender"], khash["later batches M IDs/s"]) == ("pandas khash", 15.2)
+    assert result["targets"] == [target("IdMap later-batch M IDs/s", 101.5, ">=", 100.0)]
     assert result["targets"][0]["met"]
-    assert any("skipped" in note for note in result["notes"])
-    slow = run_all.parse_id_map(ID_MAP_OUT.replace("31.50 M IDs/s", "28.22 M IDs/s"))
+    assert any(note.startswith("ratio IdMap / khash") for note in result["notes"])
+    slow = run_all.parse_id_map(ID_MAP_OUT.replace("101.50 M IDs/s", " 98.22 M IDs/s"))
     assert not slow["targets"][0]["met"]
+    skipped = "pandas khash           skipped (pandas is not installed)"
+    without_pandas = "\n".join(ID_MAP_OUT.splitlines()[:4] + [skipped])
+    assert any("skipped" in note for note in run_all.parse_id_map(without_pandas)["notes"])
 
 
 def test_parse_policies_reads_both_tables() -> None:
@@ -129,7 +134,7 @@ def test_report_lists_failures_and_targets() -> None:
                              error="exited with status 1")
     started = run_all.datetime.datetime(2030, 1, 2)
     text = run_all.report([ok, broken], smoke=False, started=started, load_before="1")
-    assert "| id_map: IdMap later-batch M IDs/s | >= 30 | 31.5 | yes |" in text
+    assert "| id_map: IdMap later-batch M IDs/s | >= 100 | 102 | yes |" in text
     assert "| policies | | **exited with status 1** | no |" in text
     assert "2030-01-02" in text and "boom" in text
 

@@ -22,6 +22,7 @@ import torch
 
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.native import ops
+from torchrec_ascend.native.memory import huge_page_full
 
 __all__ = ["IdMap", "num_buckets_for"]
 
@@ -78,7 +79,8 @@ class IdMap(torch.nn.Module):
                 f"IdMap: capacity must be a positive int, got {capacity!r}; pass the table's number of rows."
             )
         self.capacity = capacity
-        self.register_buffer("buckets", torch.full((num_buckets_for(capacity), 2), -1, dtype=torch.int64))
+        # Probed at random: huge pages spare most probes of a large table a TLB miss (native/memory.py).
+        self.register_buffer("buckets", huge_page_full((num_buckets_for(capacity), 2), -1, torch.int64))
         self.register_buffer("free_slots", torch.zeros(capacity, dtype=torch.int64))
         self.register_buffer("counters", torch.zeros(2, dtype=torch.int64))
 

@@ -41,12 +41,10 @@ std::tuple<at::Tensor, at::Tensor> id_map_insert_or_lookup_cpu(
   bool* fresh = is_new.data_ptr<bool>();
 
   // One pass: the probe that misses ends on the empty bucket the new ID goes into.
+  HomeWindow<kPrefetchDistance, /*kForWrite=*/1> homes(table, in, 0, n);
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kPrefetchDistance < n) {
-      table.prefetch(in[i + kPrefetchDistance], /*for_write=*/1);
-    }
     const int64_t key = in[i];
-    const uint64_t b = table.find(key);
+    const uint64_t b = table.find_from(homes.take(i), key);
     fresh[i] = false;
     if (table.key(b) == key) {
       out[i] = table.slot(b);
@@ -83,11 +81,9 @@ at::Tensor id_map_lookup_cpu(const at::Tensor& buckets, const at::Tensor& ids_ar
   int64_t* out = slots.data_ptr<int64_t>();
   // Read-only, so chunks are independent and the result does not depend on the thread count.
   at::parallel_for(0, n, kLookupGrain, [&](int64_t begin, int64_t end) {
+    HomeWindow<kPrefetchDistance, /*kForWrite=*/0> homes(table, in, begin, end);
     for (int64_t i = begin; i < end; ++i) {
-      if (i + kPrefetchDistance < end) {
-        table.prefetch(in[i + kPrefetchDistance], /*for_write=*/0);
-      }
-      const uint64_t b = table.find(in[i]);
+      const uint64_t b = table.find_from(homes.take(i), in[i]);
       out[i] = table.key(b) == in[i] ? table.slot(b) : kNotFound;
     }
   });
@@ -111,11 +107,9 @@ at::Tensor id_map_remove_cpu(
   int64_t num_free = count[1];
   const int64_t* in = ids.data_ptr<int64_t>();
   int64_t* out = freed.data_ptr<int64_t>();
+  HomeWindow<kPrefetchDistance, /*kForWrite=*/1> homes(table, in, 0, n);
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kPrefetchDistance < n) {
-      table.prefetch(in[i + kPrefetchDistance], /*for_write=*/1);
-    }
-    const uint64_t b = table.find(in[i]);
+    const uint64_t b = table.find_from(homes.take(i), in[i]);
     if (table.key(b) != in[i]) {
       out[i] = kNotFound;
       continue;

@@ -4,12 +4,14 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "../hashing.h"
 
 namespace torchrec_ascend {
 
 // How many IDs ahead the batch loops prefetch their home buckets; hides DRAM latency on tables larger than the cache.
-constexpr int64_t kPrefetchDistance = 16;
+constexpr int64_t kPrefetchDistance = 32;
 
 class IdTable {
  public:
@@ -18,13 +20,22 @@ class IdTable {
         mask_(static_cast<uint64_t>(buckets.size(0)) - 1),
         shift_(64 - __builtin_ctzll(static_cast<uint64_t>(buckets.size(0)))) {}
 
-  void prefetch(int64_t key, int for_write) const {
-    __builtin_prefetch(entries_ + 2 * home_bucket(key, shift_), for_write, 1);
+  uint64_t home(int64_t key) const {
+    return home_bucket(key, shift_);
+  }
+
+  template <int kForWrite>
+  void prefetch_bucket(uint64_t b) const {
+    __builtin_prefetch(entries_ + 2 * b, kForWrite, 1);
   }
 
   // The bucket holding `key`, or else the empty bucket that ends its probe sequence (where it would be inserted).
   uint64_t find(int64_t key) const {
-    uint64_t b = home_bucket(key, shift_);
+    return find_from(home(key), key);
+  }
+
+  // find(), given the key's home bucket `b`.
+  uint64_t find_from(uint64_t b, int64_t key) const {
     while (true) {
       const int64_t k = entries_[2 * b];
       if (k == key || k == kEmptyKey) {
@@ -62,6 +73,42 @@ class IdTable {
   int64_t* entries_;
   uint64_t mask_;
   int shift_;
+};
+
+// The home buckets of ids[i + 1, i + kLookahead] while a loop visits ids[i]: each ID is hashed once, when it
+// enters the window, and its bucket prefetched then, so kLookahead probes are in flight behind the current one.
+template <int64_t kLookahead, int kForWrite>
+class HomeWindow {
+  static_assert((kLookahead & (kLookahead - 1)) == 0, "the window is a ring indexed by i mod kLookahead");
+
+ public:
+  HomeWindow(const IdTable& table, const int64_t* ids, int64_t begin, int64_t end)
+      : table_(table), ids_(ids), end_(end) {
+    for (int64_t i = begin; i < std::min(end, begin + kLookahead); ++i) {
+      push(i);
+    }
+  }
+
+  // The home of ids[i] (each i once, in increasing order); ids[i + kLookahead] takes its place in the window.
+  uint64_t take(int64_t i) {
+    const uint64_t b = ring_[i & (kLookahead - 1)];
+    if (i + kLookahead < end_) {
+      push(i + kLookahead);
+    }
+    return b;
+  }
+
+ private:
+  void push(int64_t i) {
+    const uint64_t b = table_.home(ids_[i]);
+    table_.template prefetch_bucket<kForWrite>(b);
+    ring_[i & (kLookahead - 1)] = b;
+  }
+
+  const IdTable& table_;
+  const int64_t* ids_;
+  int64_t end_;
+  uint64_t ring_[kLookahead];
 };
 
 }  // namespace torchrec_ascend

@@ -1,0 +1,69 @@
+"""Host memory for the native ops' large random-access tables: transparent huge pages where the system offers them.
+
+A table probed at random (the ID map's buckets: 256 MB for 10M slots) misses the TLB on nearly every probe with
+4 KiB pages; backed by 2 MiB pages its whole span fits the TLB's reach. Linux in its default ``madvise`` mode gives
+huge pages only to memory asked for with ``madvise(MADV_HUGEPAGE)`` before it is first touched, which is what
+:func:`huge_page_full` does. Elsewhere (another OS, THP off, no libc) the tensor is an ordinary one: the advice is a
+hint, never a requirement, and never changes a value.
+
+Example::
+
+    buckets = huge_page_full((1 << 20, 2), -1, torch.int64)  # an ordinary int64 tensor filled with -1
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+from typing import Optional, Sequence
+
+import torch
+
+__all__ = ["huge_page_full"]
+
+HUGE_PAGE = 2 << 20  # x86-64 and aarch64 (4 KiB base pages) transparent huge page size
+MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
+
+
+def _libc() -> Optional[ctypes.CDLL]:
+    if not sys.platform.startswith("linux"):
+        return None
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name, use_errno=True) if name else None
+    except OSError:
+        return None
+    if libc is None or not hasattr(libc, "madvise"):
+        return None
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.madvise.restype = ctypes.c_int
+    return libc
+
+
+_LIBC = _libc()
+
+
+def huge_page_full(shape: Sequence[int], value: int, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.full(shape, value, dtype=dtype)`` on the CPU, its whole 2 MiB pages advised as huge pages first.
+
+    Args:
+        shape (Sequence[int]): the tensor's shape.
+        value (int): the fill value.
+        dtype (torch.dtype): the element type.
+
+    Returns:
+        Tensor: a contiguous CPU tensor equal to ``torch.full(shape, value, dtype=dtype)``.
+
+    Example::
+
+        huge_page_full((4, 2), -1, torch.int64).tolist()  # [[-1, -1], [-1, -1], [-1, -1], [-1, -1]]
+    """
+    out = torch.empty(shape, dtype=dtype)
+    begin = out.data_ptr()
+    end = begin + out.numel() * out.element_size()
+    first = -(-begin // HUGE_PAGE) * HUGE_PAGE
+    last = end // HUGE_PAGE * HUGE_PAGE
+    if _LIBC is not None and last > first:
+        _LIBC.madvise(first, last - first, MADV_HUGEPAGE)  # a refusal (THP off, old kernel) leaves 4 KiB pages
+    return out.fill_(value)
