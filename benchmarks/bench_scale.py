@@ -19,6 +19,8 @@ Measured in the same run:
   read and written per step by the disk tier and the bytes the process read and wrote on the device
   (``/proc/self/io``), with the fraction of the disk's measured throughput they reach;
 * peak RSS (``VmHWM``) against the promise: device cache + host budget + disk index + a constant;
+* host memory per disk-resident key (target <= 16 B at 10M keys): the RSS growth of a fresh process that builds a
+  table of each ``--memory-keys`` size through the planner and DMP and fills it, over its keys on disk;
 * checkpoints (``Saver``) of a sub-table of ``--ckpt-rows`` rows, mostly on disk (the full table and its
   checkpoint do not fit the free disk together): full and incremental save GB/s against the disk's sequential
   write throughput, the incremental bytes when 10% of the rows changed, and the restore's GB/s and peak RSS (a
@@ -74,6 +76,7 @@ HERE = Path(__file__).resolve().parent
 REPORT = HERE / "REPORT.md"
 SECTION = "## Scale: a KEY_VALUE table larger than memory (bench_scale.py)"
 TARGET = 0.3
+MEMORY_TARGET = 16  # bytes of host memory per disk-resident key, in total (issue 32)
 RECORD_OVERHEAD = 16  # key and checksum words of a disk record
 CONSTANT_BYTES = 512 << 20  # the promise's constant: a batch's temporaries, autograd, the dense part, heap slack
 GIB = 1 << 30
@@ -446,6 +449,50 @@ def checkpoints(args: argparse.Namespace, work: str) -> Dict[str, Any]:
     return out
 
 
+def memory_probe(rows: int, dim: int, directory: str) -> Dict[str, Any]:
+    """Resident-set growth per disk-resident key of a KEY_VALUE table of ``rows`` rows built through the planner and
+    DMP (host tier of 1 MiB: nearly every row on disk) and filled as :func:`fill` does. Run in a fresh process
+    (``--memory-probe``), so nothing of an earlier stage is in the numbers, after a small table was built, filled
+    and closed, so neither are the modules and caches any first table loads (about 16 MB)."""
+    os.makedirs(directory, exist_ok=True)
+
+    def filled(size: int) -> Tuple[Any, KeyValueRows]:
+        dmp, _ = build(size, dim, 4096, 1 / 1024, directory)
+        fill(kernel_of(dmp), Traffic(size, 1.05, 2048, 8, seed=7))
+        return dmp, kernel_of(dmp)
+
+    trim_heap()
+    start = current_rss()
+    _, warm_up = filled(1 << 16)
+    warm_up.close()
+    del warm_up
+    trim_heap()
+    before = current_rss()
+    dmp, kernel = filled(rows)
+    trim_heap()
+    after = current_rss()
+    stats = kernel._stores[0].stats()
+    disk_rows = stats["disk_rows"]
+    out = {"rows": rows, "disk_rows": disk_rows, "rss_growth": after - before,
+           "B_per_disk_key": (after - before) / disk_rows,
+           "first_table_bytes": before - start, "B_per_disk_key_with_first_table": (after - start) / disk_rows,
+           "index_B_per_disk_key": stats["disk_index_bytes"] / disk_rows, "host_bytes": stats["host_bytes"]}
+    kernel.close()
+    return out
+
+
+def memory_per_disk_key(sizes: List[int], dim: int, work: str) -> List[Dict[str, Any]]:
+    """:func:`memory_probe` of each size, each in its own process."""
+    results = []
+    for rows in sizes:
+        command = [sys.executable, __file__, "--memory-probe", str(rows), "--dim", str(dim),
+                   "--dir", os.path.join(work, f"memory-{rows}")]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(results[-1]), flush=True)
+    return results
+
+
 # -- the report -------------------------------------------------------------------------------------------------------
 
 def gb(n: float) -> str:
@@ -498,6 +545,8 @@ def section(args: argparse.Namespace, r: Dict[str, Any]) -> str:
         f"B a disk key) + {CONSTANT_BYTES >> 20} MiB ({'kept' if r['peak_rss'] <= r['promise'] else 'NOT kept'}); "
         f"peak while filling (the bulk load holds 16 B a row besides the index) {gb(r['peak_rss_fill'])}.",
         "",
+        memory_sentence(r["memory"]),
+        "",
         f"Checkpoints (`Saver`) of a sub-table of {ck['rows']:,} rows ({ck['table_GB']:.1f} GB, mostly on disk; the "
         f"full table and its checkpoint do not fit the free disk together): full save {gb(ck['full_bytes'])} "
         f"({ck['full_bytes'] / r['ram_bytes']:.2f}x RAM) in "
@@ -517,6 +566,23 @@ def section(args: argparse.Namespace, r: Dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def memory_sentence(probes: List[Dict[str, Any]]) -> str:
+    """The RSS growth per disk-resident key at each probed size, against the 16 B target."""
+    if not probes:
+        return "Memory per disk key: not measured (--memory-keys empty)."
+    sizes = "; ".join(
+        f"{m['disk_rows']:,} disk keys: {m['B_per_disk_key']:.1f} B (index {m['index_B_per_disk_key']:.1f} B; "
+        f"{m['B_per_disk_key_with_first_table']:.1f} B counting the first table's modules and caches)"
+        for m in probes)
+    last = probes[-1]
+    verdict = "met" if last["B_per_disk_key_with_first_table"] <= MEMORY_TARGET else "NOT met"
+    return (f"Host memory per disk-resident key (RSS growth after `malloc_trim` of a fresh process that builds the "
+            f"table through the planner and DMP with a 1 MiB host tier and fills it as above, divided by the keys on "
+            f"disk; measured after a first table of 65,536 rows was built, filled and closed, and also counting "
+            f"that first table's one-off {probes[-1]['first_table_bytes'] / 1e6:.0f} MB): {sizes}. Target <= "
+            f"{MEMORY_TARGET} B at the largest size, both ways: {verdict}.")
 
 
 def full_disk_sentence(ck: Dict[str, Any]) -> str:
@@ -559,7 +625,8 @@ def needed_disk(args: argparse.Namespace) -> int:
     # The sub-table with the garbage of its 10% changed rows, its full save and increment (records + 8 B), then the
     # saves and the restored copy (the sub-table is gone by then): at most ~2.25x the segments.
     ckpt = args.ckpt_rows * record * 2.4
-    return int(max(table, ckpt, 4 * GIB) + GIB + args.reserve_gib * GIB)
+    memory = max(args.memory_keys, default=0) * record * 1.005  # the memory probes run one at a time
+    return int(max(table, ckpt, memory, 4 * GIB) + GIB + args.reserve_gib * GIB)
 
 
 def main() -> None:
@@ -581,7 +648,15 @@ def main() -> None:
     parser.add_argument("--reserve-gib", type=float, default=15.0, help="free disk to leave to others")
     parser.add_argument("--report", type=Path, default=REPORT)
     parser.add_argument("--json", type=Path, default=None, help="also write the raw numbers here")
+    parser.add_argument("--memory-keys", type=lambda text: [int(float(x)) for x in text.split(",")],
+                        default=[1_000_000, 3_000_000, 10_000_000],
+                        help="table sizes (comma-separated) whose RSS growth per disk key is measured")
+    parser.add_argument("--memory-probe", type=int, default=None, help=argparse.SUPPRESS)  # one size, in a child
     args = parser.parse_args()
+    if args.memory_probe is not None:
+        init_single_rank()
+        print(json.dumps(memory_probe(args.memory_probe, args.dim, args.dir)), flush=True)
+        return
 
     os.makedirs(args.dir, exist_ok=True)
     work = os.path.join(args.dir, f"run-{os.getpid()}")
@@ -602,13 +677,17 @@ def main() -> None:
         print(f"bench_scale: removed {work}", flush=True)
 
 
-def run(args: argparse.Namespace, work: str) -> None:
+def init_single_rank() -> None:
     torch.set_num_threads(1)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
     dist.init_process_group("gloo")
+
+
+def run(args: argparse.Namespace, work: str) -> None:
+    init_single_rank()
     r: Dict[str, Any] = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                          "command": "scripts/run-scale-benchmark " + " ".join(sys.argv[1:]),
                          "load": os.getloadavg()[0],
@@ -616,6 +695,7 @@ def run(args: argparse.Namespace, work: str) -> None:
                          "table_bytes": args.rows * (args.dim + 1) * 4}
     r["disk"] = disk_limits(work, args.fio_seconds)
     print(json.dumps(r["disk"]), flush=True)
+    r["memory"] = memory_per_disk_key(args.memory_keys, args.dim, work)
 
     dmp, dense = build(args.baseline_rows, args.dim, args.cache_rows, 64.0, None)
     traffic = Traffic(args.baseline_rows, args.alpha, args.batch, args.pooling, seed=7)

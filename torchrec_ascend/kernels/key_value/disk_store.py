@@ -3,7 +3,7 @@
 Design. Each ``put`` encodes its rows as fixed-size records (key, checksum, exact row bytes; see
 :mod:`.disk_record`) and appends them with one positional write per segment file touched. The index in memory is
 one 8-byte bucket per key (see :mod:`.key_index`): a 28-bit fingerprint of the key's hash and the record's 36-bit
-location (segment number * records per segment + offset), 10 to 13 bytes of memory per key at its load; the
+location (segment number * records per segment + offset), 10 to 11.5 bytes of memory per key at its load; the
 full key is checked in the record itself, whose checksum also covers its location. Overwritten and removed records
 become garbage; a segment whose garbage reaches ``compact_fraction`` of its records is compacted (its live
 records are re-appended, then the file is deleted, its number reused) before the next write (the segment being
