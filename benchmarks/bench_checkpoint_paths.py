@@ -1,15 +1,22 @@
 """The two checkpoint paths of a KEY_VALUE table mostly on disk: stock torch.distributed.checkpoint (DCP) against
-the Saver, same table, same run.
+the Saver, same table, same run, and both against the disk's own sequential speeds measured in the same run.
 
 One process, a 1-rank gloo group: a hash KEY_VALUE table of ``--rows`` rows x ``--dim`` fp32 with row-wise
 Adagrad, its rows written straight into the disk tier below a tiny cache and host budget. Each repetition saves it
 both ways (``dcp.save`` of ``state_dict()`` and ``fused_optimizer.state_dict()``; ``Saver().save``, full), in
-alternating order, then loads each into a fresh model (``dcp.load`` + ``load_state_dict``; ``Saver().load``).
-Reported: median seconds and GB/s of records (weights and optimizer state) for each, DCP against the Saver, and
-that both restored the same rows (a sample of IDs compared bit for bit, and with the rows written). Guides which
-path to use; no target (both are bounded by this machine's disk)::
+alternating order, then loads each into a fresh model (``dcp.load`` + ``load_state_dict``; ``Saver().load``), and
+measures the disk with a file of the Saver's data file's size: a sequential write of it then ``fdatasync`` (what
+``dd conv=fdatasync`` measures) and a cold sequential read of it. Every load and read is cold: the page cache's
+pages of the files read are dropped first (``sync``, then ``posix_fadvise(DONTNEED)`` on each file; no root
+needed). A save's time ends when it returns (the Saver and DCP both fsync their files); a load's when it returns
+(the table is usable; the disk tier's segment files it wrote are a cache, never synced) and, reported beside it,
+after a ``sync`` that writes those segment files out. Reported: median seconds and GB/s of records (weights and
+optimizer state) per path, the targets (Saver restore >= 0.5 GB/s and >= 0.4x the cold sequential read of the same
+bytes; Saver full save >= 0.9x the sequential write of the same bytes), and that both paths restored the same
+rows (a sample of IDs compared bit for bit, and with the rows written)::
 
-    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_checkpoint_paths.py --dir /work/bench
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_checkpoint_paths.py --dir /work/bench \
+        --rows 4000000
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -32,7 +40,7 @@ from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from results import make_result, write_result
+from results import make_result, target, write_result
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.checkpoint import Saver
 from torchrec_ascend.checkpoint.key_value_state import settle_loads
@@ -64,18 +72,55 @@ def rows_of(keys: torch.Tensor, width: int) -> torch.Tensor:
     return (keys.to(torch.float32)[:, None] % 9973) + torch.arange(width, dtype=torch.float32) / 1000
 
 
-def timed(action: Callable[[], Any]) -> float:
+def drop_cached(path: str) -> None:
+    """Write out, then drop from the page cache, every file under ``path``: the next read of them is cold."""
+    os.sync()
+    for folder, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def timed(action: Callable[[], Any]) -> Tuple[float, float]:
+    """Seconds until ``action`` returns, and until a ``sync`` after it returns (what it left dirty written out)."""
     os.sync()  # what an earlier step left dirty is not charged to this one
     start = time.perf_counter()
     action()
+    returned = time.perf_counter() - start
     os.sync()
-    return time.perf_counter() - start
+    return returned, time.perf_counter() - start
+
+
+def disk_speeds(path: str, nbytes: int) -> Tuple[float, float]:
+    """Seconds of a sequential write of ``nbytes`` to ``path`` then ``fdatasync`` (``dd conv=fdatasync``), and of
+    a cold sequential read of it; 16 MiB at a time, the file deleted after."""
+    chunk = np.random.default_rng(0).integers(0, 255, size=16 << 20, dtype=np.uint8)  # not zeros: no shortcut
+    os.sync()
+    start = time.perf_counter()
+    with open(path, "wb", buffering=0) as f:
+        for offset in range(0, nbytes, chunk.size):
+            f.write(chunk[: min(chunk.size, nbytes - offset)])
+        os.fdatasync(f.fileno())
+    write_s = time.perf_counter() - start
+    drop_cached(path)
+    buffer = bytearray(chunk.size)
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buffer):
+            pass
+    read_s = time.perf_counter() - start
+    os.remove(path)
+    return write_s, read_s
 
 
 def repetition(saved: DistributedModelParallel, args: argparse.Namespace, directory: str, reverse: bool,
                sample: torch.Tensor, seconds: Dict[str, List[float]]) -> bool:
-    """Save ``saved`` both ways and load each into a fresh model (``reverse``: the Saver first), adding the times to
-    ``seconds``; returns whether both loads give ``sample``'s rows as written."""
+    """Save ``saved`` both ways and load each into a fresh model (``reverse``: the Saver first), then measure the
+    disk with the Saver's file size, adding the times to ``seconds``; returns whether both loads give ``sample``'s
+    rows as written."""
     dcp_dir, saver_dir = os.path.join(directory, "dcp"), os.path.join(directory, "saver")
     saves: List[Tuple[str, Callable[[], Any]]] = [
         ("dcp.save", lambda: dcp.save({"model": saved.state_dict(), "optim": saved.fused_optimizer.state_dict()},
@@ -83,7 +128,7 @@ def repetition(saved: DistributedModelParallel, args: argparse.Namespace, direct
         ("Saver.save", lambda: Saver().save(saved, saver_dir)),
     ]
     for name, action in saves[::-1] if reverse else saves:
-        seconds[name].append(timed(action))
+        seconds[name].append(timed(action)[0])
     restored = {}
     for name in ["Saver.load", "dcp.load"] if reverse else ["dcp.load", "Saver.load"]:
         fresh, kernel = model(args.rows, args.dim, os.path.join(directory, name))
@@ -97,10 +142,18 @@ def repetition(saved: DistributedModelParallel, args: argparse.Namespace, direct
             fresh.load_state_dict(state["model"])
             assert not settle_loads(fresh)
 
-        seconds[name].append(timed(load))
+        drop_cached(directory)
+        returned, synced = timed(load)
+        seconds[name].append(returned)
+        seconds[f"{name} + sync"].append(synced)
         restored[name] = kernel.checkpoint.read_records(0, sample)[0]
         kernel.row_tier.close()
+    saver_bytes = sum(os.path.getsize(os.path.join(saver_dir, d, f)) for d in os.listdir(saver_dir)
+                      if os.path.isdir(os.path.join(saver_dir, d)) for f in os.listdir(os.path.join(saver_dir, d)))
     shutil.rmtree(directory, ignore_errors=True)
+    write_s, read_s = disk_speeds(os.path.join(os.path.dirname(directory), "disk-speed.dat"), saver_bytes)
+    seconds["sequential write + fdatasync"].append(write_s)
+    seconds["cold sequential read"].append(read_s)
     expected = rows_of(sample, restored["dcp.load"].shape[1])
     return torch.equal(restored["dcp.load"], restored["Saver.load"]) and torch.equal(restored["dcp.load"], expected)
 
@@ -132,28 +185,49 @@ def run(args: argparse.Namespace, root: str) -> Dict[str, Any]:
     store.load((keys_at(s, min(args.rows, s + step)), rows_of(keys_at(s, min(args.rows, s + step)), width))
                for s in range(0, args.rows, step))
     gigabytes = args.rows * width * 4 / 1e9
-    seconds: Dict[str, List[float]] = {"dcp.save": [], "Saver.save": [], "dcp.load": [], "Saver.load": []}
+    names = ["dcp.save", "Saver.save", "dcp.load", "Saver.load", "dcp.load + sync", "Saver.load + sync",
+             "sequential write + fdatasync", "cold sequential read"]
+    seconds: Dict[str, List[float]] = {name: [] for name in names}
     sample = keys_at(0, args.rows)[torch.randperm(args.rows)[:4096]]
     agree = True
+    load_average = os.getloadavg()[0]
     for rep in range(args.reps):
         agree &= repetition(saved, args, os.path.join(root, f"rep-{rep}"), rep % 2 == 1, sample, seconds)
     store.close()
     dist.destroy_process_group()
+    median = {name: statistics.median(times) for name, times in seconds.items()}
     rows = []
-    for name, times in seconds.items():
-        median = statistics.median(times)
-        other = seconds[name.replace("dcp", "Saver") if name.startswith("dcp") else name.replace("Saver", "dcp")]
-        rows.append({"path": name, "median s": round(median, 2), "GB/s": round(gigabytes / median, 3),
-                     "vs the other path": round(statistics.median(other) / median, 2), "runs": len(times)})
+    for name in names:
+        row = {"path": name, "median s": round(median[name], 2), "GB/s": round(gigabytes / median[name], 3),
+               "runs": len(seconds[name])}
+        if name.startswith(("dcp", "Saver")):
+            first, rest = name.split(".", 1)
+            row["vs the other path"] = round(median[f"{'Saver' if first == 'dcp' else 'dcp'}.{rest}"] / median[name], 2)
+        rows.append(row)
+    disk = {"save": median["sequential write + fdatasync"], "load": median["cold sequential read"]}
+    targets = [
+        target("Saver restore GB/s of records, cold (until load returns)", gigabytes / median["Saver.load"], ">=", 0.5),
+        target("Saver restore / cold sequential read of the same bytes (time ratio)",
+               disk["load"] / median["Saver.load"], ">=", 0.4),
+        target("Saver full save / sequential write + fdatasync of the same bytes (time ratio)",
+               disk["save"] / median["Saver.save"], ">=", 0.9),
+    ]
     notes = [f"{args.rows} rows x {args.dim} fp32 + row-wise Adagrad: {gigabytes:.2f} GB of records, on disk below "
-             f"a {max(1, args.rows // 1000)}-row cache",
-             f"both paths restored the same rows as written (4096 sampled IDs, every repetition): {agree}"]
-    for line in [*(f"{r['path']:>10}: {r['median s']:8.2f} s  {r['GB/s']:7.3f} GB/s" for r in rows), *notes]:
+             f"a {max(1, args.rows // 1000)}-row cache; the disk measured with files of the Saver data file's size",
+             "cold: sync, then posix_fadvise(DONTNEED) on every file read, before each load and read",
+             f"both paths restored the same rows as written (4096 sampled IDs, every repetition): {agree}",
+             f"load average at start: {load_average:.2f}"]
+    for row in rows:
+        print(f"{row['path']:>30}: {row['median s']:8.2f} s  {row['GB/s']:7.3f} GB/s  (runs {row['runs']})")
+    for t in targets:
+        print(f"target {t['what']}: {t['value']:.3f} ({t['target']}): {'met' if t['met'] else 'NOT met'}")
+    for line in notes:
         print(line)
     if not agree:
         raise SystemExit("the two paths restored different rows")
-    return make_result("KEY_VALUE table mostly on disk: stock DCP vs the Saver (1 rank)",
-                       "the other path, same table, same run (alternating order)", rows, [], notes)
+    return make_result("KEY_VALUE table mostly on disk: stock DCP vs the Saver vs the disk (1 rank)",
+                       "the other path and the disk's sequential write and cold read of the same bytes, same run "
+                       "(alternating order)", rows, targets, notes)
 
 
 if __name__ == "__main__":

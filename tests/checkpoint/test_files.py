@@ -12,7 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from torchrec_ascend.checkpoint.files import ArrayFileWriter, read_array, read_json, write_json
+from torchrec_ascend.checkpoint import files
+from torchrec_ascend.checkpoint.files import (
+    ArrayFileWriter,
+    file_identity,
+    read_array,
+    read_json,
+    will_read,
+    write_json,
+)
 from torchrec_ascend.errors import StorageError
 
 DTYPES = st.sampled_from([np.bool_, np.int8, np.uint8, np.int32, np.int64, np.float16, np.float32, np.float64])
@@ -67,6 +75,40 @@ def test_flipped_byte_fails_the_checksum(tmp_path: Path) -> None:
         f.write(bytes([byte[0] ^ 1]))
     with pytest.raises(StorageError, match=f"'{path}' is corrupted: the checksum of rows"):
         read_array(str(path), entry, "rows")
+
+
+def test_a_read_again_is_refused_once_the_file_changed_since_its_checksum_was_verified(tmp_path: Path) -> None:
+    # A restore reads the rows below the pool twice: checked (checksum), then as they are restored, where the file's
+    # identity taken before the check stands in for a second checksum.
+    path = tmp_path / "rank.data"
+    array = np.arange(1000, dtype=np.float32)
+    entry = write(path, array)[0]
+    verified = file_identity(str(path))
+    assert read_array(str(path), entry, "rows").tobytes() == array.tobytes()
+    assert read_array(str(path), entry, "rows", verified).tobytes() == array.tobytes()
+    with open(path, "r+b") as f:
+        f.seek(entry["offset"])
+        f.write(b"\xff")
+    info = os.stat(path)
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns + 10**9))  # a clock coarser than the test cannot hide it
+    with pytest.raises(StorageError, match=f"'{path}' changed since the checksum of rows was verified"):
+        read_array(str(path), entry, "rows", verified)
+
+
+def test_arrays_read_back_with_writeback_started_as_they_are_written(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(files, "WRITE_BACK_BYTES", 64)  # every add starts the writeback of what came before
+    arrays = [np.arange(n, dtype=np.int64) * 7 for n in (1, 100, 3, 1000)]
+    entries = write(tmp_path / "rank.data", *arrays)
+    for array, entry in zip(arrays, entries):
+        assert read_array(str(tmp_path / "rank.data"), entry, "x").tobytes() == array.tobytes()
+
+
+def test_read_ahead_hints_ignore_malformed_entries_and_missing_files(tmp_path: Path) -> None:
+    path = tmp_path / "rank.data"
+    entry = write(path, np.arange(10))[0]
+    will_read(str(path), [entry, None, {"offset": -1, "nbytes": 5}, {"offset": "0", "nbytes": 1}, {}])
+    will_read(str(tmp_path / "missing.data"), [entry])
+    will_read(str(tmp_path), [entry])  # a directory: not a regular file
 
 
 def test_foreign_file_and_missing_file(tmp_path: Path) -> None:

@@ -1,8 +1,8 @@
 """A KEY_VALUE shard larger than the memory a load may use restores by streaming: in a fresh process (1-rank gloo
 group), a table of 1M rows x 128 fp32 + row-wise Adagrad (about 540 MB of saved records) on disk is saved and
 loaded into a new model; the load's peak RSS (``VmHWM``, reset before it) grows by at most the bytes a load holds
-per saved record, the new disk index, two blocks and a constant (about 150 MB), under a third of the records,
-and every row reads back as saved (oracle: the function that generated them)."""
+per saved record, the new disk index, three blocks (one read ahead) and a constant (about 185 MB), under 40%
+of the records, and every row reads back as saved (oracle: the function that generated them)."""
 
 import json
 import os
@@ -94,8 +94,8 @@ def test_a_shard_larger_than_the_load_may_use_restores_by_streaming(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["rows"] == ROWS and out["found"] and out["equal"]
-    bound = LOAD_BYTES_PER_RECORD * ROWS + out["index"] + 2 * BLOCK + CONSTANT
-    assert out["records"] > 3 * bound  # the test means something: holding the records would break the bound
+    bound = LOAD_BYTES_PER_RECORD * ROWS + out["index"] + 3 * BLOCK + CONSTANT
+    assert out["records"] > 2.5 * bound  # the test means something: holding the records would break the bound
     assert out["grown"] <= bound, (
         f"the load's peak RSS grew {out['grown'] / 1e6:.0f} MB for {out['records'] / 1e6:.0f} MB of saved records; "
         f"a streaming load holds at most {bound / 1e6:.0f} MB"

@@ -31,7 +31,7 @@ import re
 import stat
 import struct
 import zlib
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
@@ -43,6 +43,7 @@ HEADER = MAGIC + struct.pack("<II", FORMAT_VERSION, 0)
 ALIGN = 64
 NUMERIC_KINDS = "biuf"  # numpy dtype kinds a checkpoint may hold: bool, signed, unsigned, float
 _CRC_CHUNK = 1 << 26
+WRITE_BACK_BYTES = 32 << 20  # a data file's bytes written before their writeback is started (ArrayFileWriter)
 ARRAY_KEYS = ("dtype", "shape", "offset", "nbytes", "crc32")
 MAX_BYTES = 1 << 50  # no offset, size or dimension of a checkpoint array reaches 1 PiB
 MAX_JSON_BYTES = 1 << 30  # a save's metadata is a few KiB per table shard
@@ -110,6 +111,7 @@ class ArrayFileWriter:
         except OSError as error:
             raise StorageError(f"checkpoint file '{path}': cannot create it: {error}") from error
         self._offset = len(HEADER)
+        self._written_back = 0  # the bytes before this offset are being written to the disk already
         self._committed = False
 
     def __enter__(self) -> "ArrayFileWriter":
@@ -143,7 +145,22 @@ class ArrayFileWriter:
             "crc32": crc32(data),
         }
         self._offset += padding + len(data)
+        self._write_back()
         return entry
+
+    def _write_back(self) -> None:
+        """Start writing what was added so far to the disk once :data:`WRITE_BACK_BYTES` are waiting, without
+        waiting for it (``posix_fadvise(DONTNEED)`` starts the writeback of dirty pages, then drops the pages already
+        written): the disk writes while the next arrays are made, instead of all at :meth:`commit`'s fsync, and a
+        save does not fill the page cache. A hint only: errors surface at the fsync."""
+        if self._offset - self._written_back < WRITE_BACK_BYTES or not hasattr(os, "posix_fadvise"):
+            return
+        try:
+            self._file.flush()
+            os.posix_fadvise(self._file.fileno(), 0, self._offset, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+        self._written_back = self._offset
 
     def commit(self) -> int:
         """Flush, fsync and rename the file into place, then fsync its directory; returns the file's size.
@@ -266,7 +283,27 @@ def array_spec(entry: Any, where: str) -> Tuple[np.dtype, Tuple[int, ...], int, 
     return dtype, tuple(shape), offset, nbytes, crc
 
 
-def read_array(path: str, entry: Dict[str, Any], what: str) -> np.ndarray:
+FileIdentity = Tuple[int, int, int, int, int]
+
+
+def file_identity(path: str) -> FileIdentity:
+    """What changes whenever ``path``'s content does: device, inode, size, modification and change times (ns).
+
+    Raises:
+        StorageError: the file cannot be stat'ed.
+
+    Example::
+
+        before = file_identity(path)   # then read and check it; later, read_array(..., verified=before)
+    """
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        raise StorageError(f"checkpoint file '{path}': cannot read it: {error}") from error
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def read_array(path: str, entry: Dict[str, Any], what: str, verified: Optional[FileIdentity] = None) -> np.ndarray:
     """Read one array of a data file back, checking the entry, the header, the size and the checksum.
 
     Nothing is allocated before the entry is found consistent and the file found long enough to hold the array,
@@ -276,6 +313,9 @@ def read_array(path: str, entry: Dict[str, Any], what: str) -> np.ndarray:
         path: the data file.
         entry: the array's metadata entry (from :meth:`ArrayFileWriter.add`).
         what: names the array in messages (e.g. ``"rows of table 'user'"``).
+        verified: for an array read (and its checksum verified) before, the file's :func:`file_identity` taken
+            before that read: the file must still have it after this read, instead of the checksum being computed
+            again (a change through the file system changes the modification time).
 
     Returns:
         np.ndarray: a fresh, writable array of the recorded dtype and shape.
@@ -308,16 +348,48 @@ def read_array(path: str, entry: Dict[str, Any], what: str) -> np.ndarray:
             view = memoryview(out).cast("B") if nbytes else memoryview(bytearray())  # type: ignore[arg-type]  # numpy types ndarray as a buffer only for Python >= 3.12
             if f.readinto(view) != nbytes:
                 raise StorageError(f"checkpoint file '{path}': short read of {what}")
+            info = os.fstat(f.fileno())
     except StorageError:
         raise
     except OSError as error:
         raise StorageError(f"checkpoint file '{path}': cannot read {what}: {error}") from error
-    if crc32(view) != expected:
+    if verified is not None:
+        if (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns) != verified:
+            raise StorageError(
+                f"checkpoint file '{path}' changed since the checksum of {what} was verified (its size, inode or "
+                "modification time differ); load the checkpoint again"
+            )
+    elif crc32(view) != expected:
         raise StorageError(
             f"checkpoint file '{path}' is corrupted: the checksum of {what} does not match; load an earlier "
             "checkpoint version"
         )
     return out
+
+
+def will_read(path: str, entries: Iterable[Any]) -> None:
+    """Ask the kernel to start reading the byte span of the arrays ``entries`` of ``path`` into the page cache
+    (``posix_fadvise(WILLNEED)``): the disk reads the next block while the current one is checked. A hint only:
+    malformed entries and every error are ignored (:func:`read_array` checks and reports them).
+
+    Example::
+
+        will_read(path, block.values())   # then read_array(path, block["rows"], ...) finds it cached
+    """
+    spans = [(e["offset"], e["offset"] + e["nbytes"]) for e in entries if isinstance(e, dict)
+             and _plain_int(e.get("offset"), 0, MAX_BYTES) and _plain_int(e.get("nbytes"), 0, MAX_BYTES)]
+    if not spans or not hasattr(os, "posix_fadvise"):
+        return
+    start, end = min(s for s, _ in spans), max(e for _, e in spans)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 def write_json(path: str, content: Dict[str, Any]) -> None:

@@ -258,16 +258,17 @@ LOAD_BYTES_PER_RECORD = 33  # a save's IDs read and joined (16), which records s
 def _check_memory(layout: ShardLayout, entries: List[Tuple[str, Dict[str, Any]]], directory: str) -> None:
     """Refuse, before reading it, a shard whose load would hold more than the host memory available (sizes from
     the checked metadata): the load would be killed for memory instead of failing cleanly. A load holds
-    :data:`LOAD_BYTES_PER_RECORD` per saved record, the pooled records (each save's first block) and two blocks
-    (the one read and the allocator's copy of the one before); the rows below the pool are streamed."""
+    :data:`LOAD_BYTES_PER_RECORD` per saved record, the pooled records (each save's first block) and three blocks
+    (the one restored, the next one read meanwhile and the allocator's copy of the one before); the rows below the
+    pool are streamed."""
     blocks = [[sum(int(block[f]["nbytes"]) for f in RECORD_FIELDS) for block in e["blocks"]] for _, e in entries]
     records = sum(int(block["ids"]["shape"][0]) for _, e in entries for block in e["blocks"])
-    need = LOAD_BYTES_PER_RECORD * records + sum(b[0] for b in blocks if b) + 2 * max(max(b, default=0) for b in blocks)
+    need = LOAD_BYTES_PER_RECORD * records + sum(b[0] for b in blocks if b) + 3 * max(max(b, default=0) for b in blocks)
     available = available_memory()
     if available is not None and need > available:
         raise CapacityError(
             f"table {layout.table!r}: loading its shard from '{directory}' needs about {need / 1e9:.2f} GB of host "
-            f"memory ({records} saved records: {LOAD_BYTES_PER_RECORD} bytes each, the pooled rows and two blocks of "
+            f"memory ({records} saved records: {LOAD_BYTES_PER_RECORD} bytes each, the pooled rows and three blocks of "
             f"records), and this host has {available / 1e9:.2f} GB available; load on more ranks, so that each "
             "shard is smaller, or on a host with more memory"
         )

@@ -17,12 +17,20 @@ Example::
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
 
-from torchrec_ascend.checkpoint.files import ArrayFileWriter, confined, read_array
+from torchrec_ascend.checkpoint.files import (
+    ArrayFileWriter,
+    FileIdentity,
+    confined,
+    file_identity,
+    read_array,
+    will_read,
+)
 from torchrec_ascend.checkpoint.layout import ShardLayout
 from torchrec_ascend.checkpoint.records import ShardRecords, concat
 from torchrec_ascend.checkpoint.schema import RECORD_FIELDS
@@ -106,7 +114,8 @@ def read_chain(
     Every array is read and checksummed. A record survives when no later save of the chain changes or removes
     its ID. Memory: the pooled records, the IDs of the increments, 16 bytes per record of the largest save, 1 byte
     per record of the chain and one block; the rows of the other records are read again, block by block, by
-    :attr:`ShardRecords.lower_rows` (which raises StorageError if the files changed since).
+    :attr:`ShardRecords.lower_rows` (which raises StorageError if the files changed since; it reads and checks the
+    next block in a thread while the caller takes one, so two blocks are held).
 
     Args:
         chain: ``(save directory, shard entry)`` from the full save to the latest increment, in order.
@@ -122,19 +131,22 @@ def read_chain(
     """
     width = ShardLayout.from_json(chain[0][1]["layout"]).width
     pooled: List[ShardRows] = []
-    lower_blocks: List[Tuple[str, Dict[str, Any], Dict[str, Any], torch.Tensor]] = []
+    lower_blocks: List[Tuple[str, Dict[str, Any], Dict[str, Any], torch.Tensor, FileIdentity]] = []
     later = torch.empty(0, dtype=torch.int64)  # IDs a later save changes or removes
     low, high = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     for k in range(len(chain) - 1, -1, -1):
         directory, entry = chain[k]
         blocks = entry["blocks"]
         save_pooled: List[ShardRows] = []
-        save_lower: List[Tuple[str, Dict[str, Any], Dict[str, Any], torch.Tensor]] = []
+        save_lower: List[Tuple[str, Dict[str, Any], Dict[str, Any], torch.Tensor, FileIdentity]] = []
         parts = [_read(directory, entry, block["ids"], "ids") for block in blocks]  # read (checked) before joined
+        identity = file_identity(confined(directory, entry["file"], "a data file"))  # before its rows are checked
         bounds = np.cumsum([0] + [part.size for part in parts]).tolist()
         ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
         del parts
-        for block, start, end in zip(blocks, bounds, bounds[1:]):
+        for b, (block, start, end) in enumerate(zip(blocks, bounds, bounds[1:])):
+            if b + 1 < len(blocks):  # the disk reads the next block while this one is checked
+                _will_read(directory, entry, blocks[b + 1])
             block_ids = torch.from_numpy(ids[start:end])
             survives = ~_in_sorted(block_ids, later)
             if keep is not None:
@@ -142,7 +154,7 @@ def read_chain(
             here, lower = _split_block(directory, entry, block, block_ids, survives)
             save_pooled.append(here)
             if bool(lower.any()):
-                save_lower.append((directory, entry, block, lower))
+                save_lower.append((directory, entry, block, lower, identity))
             if bool(survives.any()):
                 low, high = min(low, int(block_ids[survives].min())), max(high, int(block_ids[survives].max()))
         if k:
@@ -156,16 +168,31 @@ def read_chain(
             )
         pooled[:0], lower_blocks[:0] = save_pooled, save_lower  # in save order
 
-    def lower_rows() -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        for directory, entry, block, lower in lower_blocks:
-            ids = torch.from_numpy(_read(directory, entry, block["ids"], "ids"))
-            rows = torch.from_numpy(_read(directory, entry, block["rows"], "rows"))
-            if not bool(lower.all()):  # a block of rows only below the pool is passed on without a copy
-                ids, rows = ids[lower], rows[lower]
-            yield ids, rows
-            del ids, rows  # freed before the next block is read: a load holds one block at a time
+    def read_lower(k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        # The rows were checked above: read again unless the file changed since (their checksums are not computed
+        # twice; the IDs, 8 bytes a record, are).
+        directory, entry, block, lower, identity = lower_blocks[k]
+        if k + 1 < len(lower_blocks):
+            _will_read(*lower_blocks[k + 1][:3])
+        ids = torch.from_numpy(_read(directory, entry, block["ids"], "ids"))
+        rows = torch.from_numpy(_read(directory, entry, block["rows"], "rows", identity))
+        if not bool(lower.all()):  # a block of rows only below the pool is passed on without a copy
+            ids, rows = ids[lower], rows[lower]
+        return ids, rows
 
-    lower_count = sum(int(lower.sum()) for _, _, _, lower in lower_blocks)
+    def lower_rows() -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        # A thread reads and checksums the next block while the caller stores this one (both release the GIL in
+        # reads, checksums and writes), so a load holds at most two blocks besides the caller's own copies.
+        with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-read") as reader:
+            pending = [reader.submit(read_lower, 0)] if lower_blocks else []
+            for k in range(len(lower_blocks)):
+                ids, rows = pending.pop().result()
+                if k + 1 < len(lower_blocks):
+                    pending.append(reader.submit(read_lower, k + 1))
+                yield ids, rows
+                del ids, rows  # freed before the block after the next is read
+
+    lower_count = sum(int(block[3].sum()) for block in lower_blocks)
     return ShardRecords(concat(pooled, width), lower_count, (low, high) if low <= high else (0, -1), width, lower_rows)
 
 
@@ -204,10 +231,20 @@ def read_chain_records(
     return concat([records.pooled, *lower], records.width)
 
 
-def _read(directory: str, entry: Dict[str, Any], array_entry: Dict[str, Any], what: str) -> np.ndarray:
+def _will_read(directory: str, entry: Dict[str, Any], block: Dict[str, Any]) -> None:
+    """Start reading ``block``'s arrays into the page cache (a hint; see :func:`will_read`)."""
+    try:
+        path = confined(directory, entry["file"], "a data file")
+    except StorageError:
+        return  # reported by the read itself
+    will_read(path, block.values())
+
+
+def _read(directory: str, entry: Dict[str, Any], array_entry: Dict[str, Any], what: str,
+          verified: Optional[FileIdentity] = None) -> np.ndarray:
     table = entry["layout"]["table"]
     what = f"{what} of table {table!r}"
-    return read_array(confined(directory, entry["file"], f"the data file of {what}"), array_entry, what)
+    return read_array(confined(directory, entry["file"], f"the data file of {what}"), array_entry, what, verified)
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:

@@ -84,13 +84,19 @@ class RecordFormat:
             sums += LOCATION_MULTIPLIER
         return sums
 
-    def encode(self, keys: torch.Tensor, rows: torch.Tensor, locations: Optional[np.ndarray] = None) -> np.ndarray:
+    def encode(
+        self, keys: torch.Tensor, rows: torch.Tensor, locations: Optional[np.ndarray] = None, sealed: bool = True
+    ) -> np.ndarray:
         """Records for ``keys`` (int64 ``[n]``) and ``rows`` (contiguous ``[n, width]``) stored at ``locations``
-        (see :meth:`checksums`): uint64 ``[n, words]``."""
-        records = np.zeros((keys.numel(), self.words), dtype=np.uint64)
+        (see :meth:`checksums`): uint64 ``[n, words]``. ``sealed=False`` leaves the checksum word 0, for a caller
+        that seals them once their locations are known (the disk store's appends: one checksum pass, not two)."""
+        records = np.empty((keys.numel(), self.words), dtype=np.uint64)
         records[:, 0] = keys.numpy().view(np.uint64)
-        records.view(np.uint8)[:, 16 : 16 + self.row_bytes] = rows.view(torch.uint8).numpy()
-        return self.seal(records, locations)
+        records[:, 1] = 0
+        payload = records.view(np.uint8)[:, 16:]
+        payload[:, : self.row_bytes] = rows.view(torch.uint8).numpy()
+        payload[:, self.row_bytes :] = 0
+        return self.seal(records, locations) if sealed else records
 
     def seal(self, records: np.ndarray, locations: Optional[np.ndarray] = None) -> np.ndarray:
         """Set the checksum of ``records`` (in place) for storing them at ``locations``; returns ``records``."""

@@ -205,7 +205,7 @@ class DiskStore:
             keys, rows = keys[last], rows[last]
         self._compact_garbage()
         buckets, _ = self._locate(keys)
-        locations = self._append(self._format.encode(keys, rows), f"{keys.numel()} rows")
+        locations = self._append(self._format.encode(keys, rows, sealed=False), f"{keys.numel()} rows")
         part, fingerprint, _ = self._hash(keys.numpy())
         entries = (fingerprint << _SHIFT) | (locations.astype(np.uint64) + np.uint64(1))
         present = buckets >= 0
@@ -243,12 +243,12 @@ class DiskStore:
                 keys = check_keys(keys, self.where)
                 rows = check_rows(rows, keys.numel(), self.width, self.dtype, self.where)
                 locations = np.concatenate([  # encoded in pieces: the records of a chunk are never all held
-                    self._append(self._format.encode(k, r), f"{k.numel()} rows")
+                    self._append(self._format.encode(k, r, sealed=False), f"{k.numel()} rows")
                     for k, r in zip(keys.split(BULK_PIECE_ROWS), rows.split(BULK_PIECE_ROWS))
                 ] or [np.empty(0, dtype=np.int64)])
                 part, fingerprint, _ = self._hash(keys.numpy())
                 entries = (fingerprint << _SHIFT) | (locations.astype(np.uint64) + np.uint64(1))
-                order = np.argsort(part, kind="stable")
+                order = np.argsort(part.astype(np.uint8), kind="stable")  # a radix sort: partitions fit a byte
                 bounds = np.searchsorted(part[order], np.arange(PARTITIONS + 1))
                 for p in np.flatnonzero(np.diff(bounds)).tolist():
                     chosen = order[bounds[p] : bounds[p + 1]]
@@ -256,8 +256,8 @@ class DiskStore:
                 del keys, rows  # freed before the next chunk is made: a load holds one chunk at a time
             for p, pieces in enumerate(parts):
                 if pieces:
-                    keys_p = np.concatenate([k for k, _ in pieces])
-                    if np.unique(keys_p).size != keys_p.size:
+                    keys_p = np.sort(np.concatenate([k for k, _ in pieces]))  # a sort finds repeats faster
+                    if bool((keys_p[1:] == keys_p[:-1]).any()):  # than np.unique's hash set
                         raise ConfigError(f"{self.where}: bulk_load got a key more than once; keys must be distinct")
                     entries_p = np.concatenate([e for _, e in pieces])
                     parts[p] = []
