@@ -73,15 +73,16 @@ def rows_of(keys: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def drop_cached(path: str) -> None:
-    """Write out, then drop from the page cache, every file under ``path``: the next read of them is cold."""
+    """Write out, then drop from the page cache, the file ``path`` or every file under it: the next read of them
+    is cold."""
     os.sync()
-    for folder, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+    files = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, names in os.walk(path) for f in names]
+    for name in files:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def timed(action: Callable[[], Any]) -> Tuple[float, float]:
