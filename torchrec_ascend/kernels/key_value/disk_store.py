@@ -43,7 +43,7 @@ from torchrec_ascend.errors import ConfigError, StorageError
 from torchrec_ascend.native import ops
 
 from .disk_record import RecordFormat
-from .key_index import LOW_LOAD, MAX_LOAD, OpenTable, mix64, trim_heap
+from .key_index import DISK_LOW_LOAD, MAX_LOAD, OpenTable, mix64, trim_heap
 from .row_store import check_keys, check_rows, last_occurrence
 from .segment_file import SegmentFile, read_records
 
@@ -381,7 +381,7 @@ class DiskStore:
         if part.size:
             full = ops.fingerprint_insert(
                 *self._table.state, torch.from_numpy(part), torch.from_numpy(entries.view(np.int64)),
-                FINGERPRINT_BITS, MAX_LOAD, LOW_LOAD,
+                FINGERPRINT_BITS, MAX_LOAD, DISK_LOW_LOAD,
             )
             if full >= 0:
                 raise self._table.full_error(full, self.where)

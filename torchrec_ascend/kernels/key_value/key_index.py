@@ -2,20 +2,21 @@
 
 Both tiers index keys with :class:`OpenTable`: ``partitions`` open-addressing tables (linear probing, tombstones)
 laid out in one anonymous memory mapping that reserves address space for the largest size each partition may
-reach and costs memory only for the pages it touches. A partition grows on its own (by about 1.15x, rehashing only
+reach and costs memory only for the pages it touches. A partition grows on its own (by about 1.3x, rehashing only
 its entries), so growth never holds two copies of the index, only a copy of one partition; the load of every
-partition stays in ``[LOW_LOAD, MAX_LOAD]`` = ``[0.7, 0.8]`` of its buckets (small steps: a bulk load, which sizes
-every partition at LOW_LOAD, costs 8 / 0.7 = 11.5 bytes a disk key, not 13 as with steps of 1.3x). Probes, inserts
-and rebuilds are native ops over a whole batch (``torch.ops.torchrec_ascend.key_index_*`` and ``fingerprint_*``, see
+partition stays in ``[LOW_LOAD, MAX_LOAD]`` = ``[0.62, 0.8]`` of its buckets. Probes, inserts and rebuilds are
+native ops over a whole batch (``torch.ops.torchrec_ascend.key_index_*`` and ``fingerprint_*``, see
 :mod:`torchrec_ascend.native.ops`) working in place on these arrays: one pass over the keys, the home buckets
 prefetched ahead, no temporaries beyond a few integers per key.
 
 * :class:`KeyIndex` (host tier): key -> slot. A bucket is a uint32 (``slot + 1``); the full key sits in the
   slot -> key column, which the host store needs anyway to name the rows it spills. Memory per slot: 8 (key) + 4 /
-  load (buckets) = 13 to 13.75 bytes, plus 4 per slot of the free-slot stack up to the most slots freed at once.
+  load (buckets) = 13 to 14.5 bytes, plus 4 per slot of the free-slot stack up to the most slots freed at once.
 * :class:`~torchrec_ascend.kernels.key_value.disk_store.DiskStore` keeps only a bucket per key: a uint64 of a
   28-bit fingerprint of the key's hash and the record's 36-bit location; the full key is verified in the record on
-  disk. Memory per key: 8 / load = 10 to 11.5 bytes.
+  disk. Its partitions grow in smaller steps (``DISK_GROWTH``, load in ``[0.7, 0.8]``): rebuilding one reads no keys,
+  and a bulk load, which sizes every partition at its low load, then costs 8 / 0.7 = 11.5 bytes a key, not 13.
+  Memory per key: 8 / load = 10 to 11.5 bytes.
 
 Example::
 
@@ -41,8 +42,13 @@ from torchrec_ascend.errors import CapacityError
 from torchrec_ascend.native import ops
 
 MAX_LOAD = 0.8  # a partition is rehashed before more of its buckets than this are used (live or tombstone)
-GROWTH = 1.15  # a rehash sizes the partition for its keys at MAX_LOAD / GROWTH (rehashes are native and cheap)
+GROWTH = 1.3  # a rehash sizes the partition for its keys at MAX_LOAD / GROWTH
 LOW_LOAD = MAX_LOAD / GROWTH
+# The disk tier's fingerprint index: its rebuilds need no key reads (the home is in the entry), so they are cheap,
+# and every disk key costs 8 / load bytes of host memory. (The host index's rebuilds read each entry's key from the
+# key column at random, so it keeps the larger steps: fewer rebuilds as tombstones accumulate.)
+DISK_GROWTH = 1.15
+DISK_LOW_LOAD = MAX_LOAD / DISK_GROWTH
 MIN_BUCKETS = 8
 PAGE = mmap.PAGESIZE
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
