@@ -34,6 +34,10 @@ Faults in torchrec-ascend's own parts:
   (zeros of the table's shape, no ``weight_id``): their rows are not in a DCP checkpoint.
 * ``policy_state_dropped``: a hash table's loaded ``policy_state`` is never applied (DCP loads restore rows only;
   caches and policies start over).
+* ``hash_sharding_unchecked``: hash tables accept table_row_wise like the sharding types they support (the planner
+  may propose it, a hand-written plan is not refused).
+* ``whole_shard_short``: a KEY_VALUE cache of ``CacheParams(load_factor=1.0)`` is sized as one of 1/16 (fewer rows
+  than the distinct IDs the check's traffic brings to a shard), so it evicts.
 
 Faults only the emulated NPU's stream-order check sees (work there runs synchronously on the host, so the numbers
 stay right; on hardware they would not):
@@ -275,6 +279,25 @@ def _policy_state_dropped_patch() -> None:
     policy_state.take_loaded = lambda kernel, t: None
 
 
+def _hash_sharding_unchecked_patch() -> None:
+    from torchrec_ascend import sharders
+
+    sharders.HASH_SHARDING_TYPES = (*sharders.HASH_SHARDING_TYPES, "table_row_wise")
+
+
+def _whole_shard_short_patch() -> None:
+    from torchrec_ascend.kernels.key_value import kernel
+
+    original = kernel._cache_table
+
+    def cache_table(table: Any, load_factor: Any) -> Any:
+        if load_factor != 1.0:
+            return original(table, load_factor)
+        return kernel.with_block_rows(table, lambda rows: kernel.cache_rows(rows, 1 / 16))
+
+    kernel._cache_table = cache_table
+
+
 def _stage_wait_missing_patch() -> None:
     from torchrec_ascend.pipeline.streams import PipelineStreams
 
@@ -347,6 +370,8 @@ FAULTS = {
     "kv_state_dict_placeholder": _after_import("torchrec_ascend.checkpoint.key_value_state",
                                                _kv_state_dict_placeholder_patch),
     "policy_state_dropped": _after_import("torchrec_ascend.checkpoint.policy_state", _policy_state_dropped_patch),
+    "hash_sharding_unchecked": _after_import("torchrec_ascend.sharders", _hash_sharding_unchecked_patch),
+    "whole_shard_short": _after_import("torchrec_ascend.kernels.key_value.kernel", _whole_shard_short_patch),
     "stage_wait_missing": _after_import("torchrec_ascend.pipeline.streams", _stage_wait_missing_patch),
     "record_stream_missing": _after_import("torchrec_ascend.pipeline.streams", _record_stream_missing_patch),
     "host_read_in_flight": _after_import("torchrec_ascend.sharders.hash_row_wise", _host_read_in_flight_patch),

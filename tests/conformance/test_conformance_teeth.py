@@ -4,7 +4,8 @@ Broken kernels: ``conformance_faults.py`` is installed as a throwaway plugin dis
 one ``torchrec-ascend conformance --quick --only CHECK`` run in a subprocess) and breaks stock fbgemm (row-wise
 bucketization, one fused optimizer update) or torchrec-ascend's own parts (the hash bucketizer, the slot table's
 eviction, the KEY_VALUE swap of optimizer state, the Saver, the dedup reverse index, a reused row's optimizer
-state in FUSED and KEY_VALUE, the pins of the batch in compute, the IDs an incremental save removes, and on the
+state in FUSED and KEY_VALUE, the pins of the batch in compute, the IDs an incremental save removes, the size of
+a ``load_factor=1.0`` cache, the refusal of a sharding type hash tables do not support, and on the
 emulated NPU a dropped host-to-device copy and the stream-order check's faults: a missing stage wait, a missing
 ``record_stream``, a host read of an in-flight copy; issue 31's four faults also together on the emulated NPU). The same
 command without the fault is the control: it must pass, so the failures come from the fault; each fault must fail
@@ -102,6 +103,11 @@ OWN_FAULTS: Dict[str, Tuple[str, Set[str], Any]] = {
     "kv_state_dict_placeholder": ("checkpoint", DCP_CASES, "'user'"),
     # ... and its policy state: a model restored by DCP alone makes the saved model's cache and policy decisions.
     "policy_state_dropped": ("checkpoint", {DCP_SAME}, "hash-table counters differ"),
+    # A cache of load_factor=1.0 holds the whole shard; hash tables refuse a sharding type they do not support.
+    "whole_shard_short": ("key_value", {"test_case[ebc-row_wise-rowwise_adagrad-12-512-8]"},
+                          "a cache of the whole shard evicted"),
+    "hash_sharding_unchecked": ("errors", {"test_case[unsupported_sharding-table_row_wise-by_hand]"},
+                                "expected a ConfigError, got no error"),
 }
 
 
@@ -117,6 +123,7 @@ def controls(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Dict[str, st
     return out
 
 
+@pytest.mark.teeth
 @pytest.mark.parametrize("fault", sorted(OWN_FAULTS))
 def test_a_broken_part_of_ours_fails_its_check(fault: str, controls: Dict[str, Dict[str, str]], fault_site: Path,
                                                 tmp_path: Path) -> None:
@@ -136,6 +143,7 @@ def test_passes_without_a_fault(tmp_path: Path) -> None:
     assert "conformance summary" in output and "sharding" in output
 
 
+@pytest.mark.teeth
 def test_off_by_one_bucketization_fails_row_wise(fault_site: Path, tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": "bucketize_off_by_one"}
     status, output, outcomes = run_cli(QUICK_SHARDING, tmp_path, env)
@@ -144,6 +152,7 @@ def test_off_by_one_bucketization_fails_row_wise(fault_site: Path, tmp_path: Pat
     assert outcomes == {ENTRY_POINT: "passed", ROW_WISE: "failed", COLUMN_WISE: "passed"}, output
 
 
+@pytest.mark.teeth
 def test_dropped_optimizer_update_fails_every_fused_case(fault_site: Path, tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": "drop_update"}
     status, output, outcomes = run_cli(QUICK_SHARDING, tmp_path, env)
@@ -163,6 +172,7 @@ def broken_policy() -> Iterator[str]:
         manager.unregister("conformance_broken_policy")
 
 
+@pytest.mark.teeth
 def test_broken_policy_fails_the_run(broken_policy: str, tmp_path: Path, capsys: Any) -> None:
     junit = tmp_path / "junit.xml"
     status = cli_main(["conformance", "--only", "policies", "--quick", "--policy", broken_policy, "--policy", "lru",
@@ -271,6 +281,7 @@ PROMISE_FAILING = {REUSED_ROW.format("fused"), REUSED_ROW.format("key_value"), P
                        DCP_CASES - {DCP_SAME})
 
 
+@pytest.mark.teeth
 def test_the_promise_faults_fail_the_emulated_run(emulated_npu: None, fault_site: Path, tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": PROMISE_FAULTS}
     status, output, outcomes = run_cli(EMULATED + ["--quick", "--only", *PROMISE_CHECKS], tmp_path, env)
@@ -279,6 +290,7 @@ def test_the_promise_faults_fail_the_emulated_run(emulated_npu: None, fault_site
     assert "does not train as a new row" in output and "CapacityError" in output, output
 
 
+@pytest.mark.teeth
 def test_a_dropped_device_transfer_fails_the_emulated_run(emulated_npu: None, fault_site: Path,
                                                           tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": "transfer_dropped"}
@@ -297,6 +309,7 @@ STREAM_FAULTS = {
 }
 
 
+@pytest.mark.teeth
 @pytest.mark.parametrize("fault", sorted(STREAM_FAULTS))
 def test_a_stream_order_fault_fails_the_emulated_run(fault: str, emulated_npu: None, fault_site: Path,
                                                      tmp_path: Path) -> None:
@@ -316,6 +329,7 @@ def test_a_stream_order_fault_fails_the_emulated_run(fault: str, emulated_npu: N
 SMALL_DEVICE_MEMORY = 16 << 20
 
 
+@pytest.mark.teeth
 def test_a_cache_past_device_memory_fails_the_emulated_run(emulated_npu: None, fault_site: Path,
                                                             tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": "cache_past_memory"}
@@ -325,6 +339,7 @@ def test_a_cache_past_device_memory_fails_the_emulated_run(emulated_npu: None, f
     assert "NPU out of memory. Tried to allocate" in output, output
 
 
+@pytest.mark.teeth
 def test_a_per_step_item_fails_the_emulated_run(emulated_npu: None, fault_site: Path, tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": "item_per_step"}
     status, output, outcomes = run_cli(EMULATED + ["--quick", "--only", "hash_tables"], tmp_path, env)

@@ -238,23 +238,24 @@ def key_value_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
 
     Skipped as a whole when the device's profile has no ``key_value`` kernel. The full run adds one long case that
     must spill rows to disk, and the :data:`KEY_VALUE_VARIANTS`; both add the pin-release cases behind the hybrid
-    pipeline (:func:`_pin_release_cases`). ``quick``: one pooled row-wise case and one pin-release case.
+    pipeline (:func:`_pin_release_cases`). ``quick``: one pooled row-wise case, the same with ``load_factor=1.0``
+    (the whole shard cached: no eviction) and one pin-release case.
     """
     if "key_value" not in profile.compute_kernels:
         return [Case({"kernel": "key_value"}, skip=f"the key_value kernel is not offered on {profile.device_type}")]
     steps = 12 if quick else 30  # the tiny cache is full after a few steps: both swap ways happen by step 12
     cases = _grid(profile, world_size, KEY_VALUE_SHARDING_TYPES, lambda *_: {"steps": steps, **TINY_CACHE})
     pins = _pin_release_cases(cases, quick)
-    if quick:
-        return _quick(cases, (f"ebc-row_wise-adagrad-{steps}-64-8",)) + pins
     long = [c for c in cases if not c.skip and c.params["kind"] == "ebc" and c.params["sharding_type"] == "row_wise"
             and c.params["optimizer"] in SCRIPT_OPTIMIZERS]
+    # load_factor=1.0: a cache of the shard's rows (plugin/key_value.py's tables hold 1024 rows) never swaps
+    whole = [Case({**c.params, "cache_rows": 1024 // world_size}, {**c.expect, "whole_table": True}) for c in long[-1:]]
+    if quick:
+        return _quick(cases, (f"ebc-row_wise-adagrad-{steps}-64-8",)) + whole + pins
     if long:
         params = {**long[-1].params, "steps": 400}
         cases.append(Case(params, {**long[-1].expect, "disk_rows": True}))
-        # load_factor=1.0: a cache of the shard's rows (plugin/key_value.py's tables hold 1024 rows) never swaps
-        whole = {**long[-1].params, "cache_rows": 1024 // world_size}
-        cases.append(Case(whole, {**long[-1].expect, "whole_table": True}))
+    cases += whole
     swapping = [c for c in cases if c.params.get("steps") != 400 and not c.expect.get("whole_table")]
     return cases + _variants(swapping, KEY_VALUE_VARIANTS) + pins
 
@@ -310,7 +311,8 @@ def error_cases(profile: Any, quick: bool) -> List[Case]:
     """Bad inputs to hash tables (``errors/bad_inputs.py``) and what each error message must name.
 
     ``expect``: ``raised`` (the exception class, or a base of it) and ``names`` (fragments the message must
-    contain). ``quick``: the negative ID through the first sharded path and the full table.
+    contain). ``quick``: the negative ID through the first sharded path, the full table, and the hand-written plan
+    of a sharding type hash tables do not support.
     """
     names = {"table": "'item'", "feature": "'f_item'"}
     types = [t for t in ("table_wise", "row_wise") if t in profile.sharding_types]
@@ -329,8 +331,19 @@ def error_cases(profile: Any, quick: bool) -> List[Case]:
     if "key_value" in profile.compute_kernels and types:
         cases.append(Case({"kind": "small_cache", "sharding_type": types[0], "cache_rows": 4},
                           {"raised": "CapacityError", "names": [names["table"], "load_factor"]}))
-    if quick:
-        return [c for c in cases if c.params["sharding_type"] == (types or ["unsharded"])[0]][:2]
+    if "table_row_wise" in profile.sharding_types:  # a sharding type hash tables do not support
+        # The planner never proposes it for a hash table (its stock error names the table); a plan written by hand
+        # is refused by ours.
+        cases.append(Case({"kind": "unsupported_sharding", "sharding_type": "table_row_wise", "plan": "planner"},
+                          {"raised": "RuntimeError", "names": ["item", "user provided constraints"]}))
+        cases.append(Case({"kind": "unsupported_sharding", "sharding_type": "table_row_wise", "plan": "by_hand"},
+                          {"raised": "ConfigError", "names": [names["table"], "table_row_wise", "row_wise"]}))
+    if "row_wise" in types:
+        cases.append(Case({"kind": "mixed_row_wise", "sharding_type": "row_wise"},
+                          {"raised": "ConfigError", "names": [names["table"], "'user'", "HashEmbeddingBagConfig"]}))
+    if quick:  # the first sharded path's first two, and the hand-written plan our sharding hooks refuse
+        first = [c for c in cases if c.params["sharding_type"] == (types or ["unsharded"])[0]][:2]
+        return first + [c for c in cases if c.params.get("plan") == "by_hand"]
     return cases
 
 

@@ -3,8 +3,10 @@
 Hash tables (``errors/bad_inputs.py`` on one rank, unsharded and through the device's sharded paths): a negative
 ID names the table and the feature, a full table with ``overflow="error"`` names the table and the way out, a
 misspelled eviction policy names the table and suggests the closest, a KEY_VALUE cache smaller than one batch
-names the table. In the suite's own process: an unknown device backend lists the valid names and suggests the
-closest; an unknown policy or policy option lists the known ones and suggests the closest.
+names the table, a sharding type hash tables do not support (table_row_wise: the planner finds no option; a plan
+written by hand is refused naming the table), a row_wise hash table sharing a module with a row_wise plain one.
+In the suite's own process: an unknown device backend lists the valid names and suggests the closest; an unknown
+policy or policy option lists the known ones and suggests the closest.
 """
 
 from __future__ import annotations

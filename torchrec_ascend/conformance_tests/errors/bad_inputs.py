@@ -10,6 +10,11 @@ rank of several would leave the others waiting in a collective. Each case is ``{
 * ``{"kind": "unknown_eviction_policy"}``: table ``item`` configured with the misspelled policy ``"lruu"``.
 * ``{"kind": "small_cache", "sharding_type": <type>}``: a KEY_VALUE table ``item`` whose device cache holds fewer
   rows than one batch brings.
+* ``{"kind": "unsupported_sharding", "sharding_type": <type>, "plan": "planner"|"by_hand"}``: hash table ``item``
+  constrained to a sharding type hash tables do not support (the planner finds no option), or given it in a plan
+  written by hand (``construct_module_sharding_plan``).
+* ``{"kind": "mixed_row_wise", "sharding_type": "row_wise"}``: hash table ``item`` and a plain table ``user`` in one
+  module, both row_wise.
 
 Rank 0 writes per case ``raised`` (the exception type name, or ``""`` when nothing was raised), ``kinds`` (the names
 of its classes, base classes included) and ``message``; the suite (``test_errors.py``) decides whether the message
@@ -28,7 +33,8 @@ import torch
 import torchrec
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_row_wise, table_wise
+from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv, ShardingPlan
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
@@ -41,13 +47,16 @@ TABLES = ("user", "item")  # the cases break table "item" (feature "f_item"); "u
 CAPACITY = 64
 
 
-def make_module(**item_options: Any) -> torch.nn.Module:
-    """An EmbeddingBagCollection of two hash tables; ``item_options`` go to table ``item``'s config."""
-    return torchrec.EmbeddingBagCollection(tables=[
-        HashEmbeddingBagConfig(name=name, embedding_dim=DIM, num_embeddings=CAPACITY, feature_names=[f"f_{name}"],
-                               **(item_options if name == "item" else {}))
-        for name in TABLES
-    ])
+def make_module(plain_user: bool = False, **item_options: Any) -> torch.nn.Module:
+    """An EmbeddingBagCollection of two hash tables (``plain_user``: table ``user`` a plain one); ``item_options``
+    go to table ``item``'s config."""
+    def config(name: str) -> Any:
+        common = dict(name=name, embedding_dim=DIM, num_embeddings=CAPACITY, feature_names=[f"f_{name}"])
+        if name == "user" and plain_user:
+            return torchrec.EmbeddingBagConfig(**common)
+        return HashEmbeddingBagConfig(**common, **(item_options if name == "item" else {}))
+
+    return torchrec.EmbeddingBagCollection(tables=[config(name) for name in TABLES])
 
 
 def make_batch(item_ids: torch.Tensor) -> KeyedJaggedTensor:
@@ -61,9 +70,12 @@ def make_batch(item_ids: torch.Tensor) -> KeyedJaggedTensor:
 
 
 def shard(module: torch.nn.Module, sharding_type: str, pg: Any, kernel: str = "fused",
-          key_value: Optional[Dict[str, Any]] = None) -> Any:
+          key_value: Optional[Dict[str, Any]] = None, user_sharding_type: Optional[str] = None) -> Any:
+    """``module`` planned and sharded, each table constrained to ``sharding_type`` and ``kernel`` (table ``user`` to
+    ``user_sharding_type`` when given)."""
+    types = {"user": user_sharding_type or sharding_type, "item": sharding_type}
     constraints = {
-        name: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel], **(key_value or {}))
+        name: ParameterConstraints(sharding_types=[types[name]], compute_kernels=[kernel], **(key_value or {}))
         for name in TABLES
     }
     device = script_device()
@@ -74,11 +86,28 @@ def shard(module: torch.nn.Module, sharding_type: str, pg: Any, kernel: str = "f
                                     plan=planner.plan(module, sharders), sharders=sharders)
 
 
+def shard_by_hand(module: torch.nn.Module, pg: Any, item_sharding: Any) -> Any:
+    """``module`` sharded by a plan written by hand: ``user`` table_wise, ``item`` as ``item_sharding`` says."""
+    device = script_device()
+    sharders = get_default_hybrid_sharders()
+    per_table = {"user": table_wise(rank=0), "item": item_sharding}
+    plan = construct_module_sharding_plan(module, per_param_sharding=per_table, local_size=pg.size(),
+                                          world_size=pg.size(), device_type=device.type, sharder=sharders[0])
+    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=device,
+                                    plan=ShardingPlan({"": plan}), sharders=sharders)
+
+
 def build(case: Dict[str, Any], pg: Any, directory: str, **item_options: Any) -> Any:
-    module = make_module(**item_options)
+    module = make_module(plain_user=case["kind"] == "mixed_row_wise", **item_options)
     sharding_type = case.get("sharding_type", "unsharded")
     if sharding_type == "unsharded":
         return module.to(script_device())
+    if case.get("plan") == "by_hand":
+        if sharding_type != "table_row_wise":
+            raise ValueError(f"bad_inputs.py: no hand-written plan for {sharding_type!r}")
+        return shard_by_hand(module, pg, table_row_wise(host_index=0))
+    if case["kind"] == "unsupported_sharding":  # only table item is constrained to it
+        return shard(module, sharding_type, pg, user_sharding_type="table_wise")
     if case["kind"] != "small_cache":
         return shard(module, sharding_type, pg)
     key_value = {"cache_params": CacheParams(load_factor=case["cache_rows"] / CAPACITY),
@@ -102,6 +131,8 @@ def run_case(case: Dict[str, Any], pg: Any) -> None:
         elif case["kind"] == "small_cache":
             model = build(case, pg, directory)
             model(make_batch(torch.arange(4 * case["cache_rows"])).to(device))
+        elif case["kind"] in ("unsupported_sharding", "mixed_row_wise"):
+            build(case, pg, directory)  # refused while planning or sharding
         else:
             raise ValueError(f"bad_inputs.py: unknown case kind {case['kind']!r}")
 

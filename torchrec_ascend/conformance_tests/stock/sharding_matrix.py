@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -676,28 +677,40 @@ def _first_ranks(pg: dist.ProcessGroup, size: int) -> Optional[dist.ProcessGroup
 
 
 def run_dcp_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, Any]:
-    """Stock DCP round trip (see the module docstring)."""
+    """Stock DCP round trip (see the module docstring), in a scratch folder removed afterwards."""
+    import tempfile
+
+    # Rank 0's folder holds the checkpoint (every rank writes there: one machine); each rank's disk tiers in its own.
+    with tempfile.TemporaryDirectory(prefix="dcp-") as scratch:
+        directory = [scratch]
+        dist.broadcast_object_list(directory, src=0, group=pg)
+        result = _dcp_round_trip(case, pg, directory[0], scratch)
+        dist.barrier(group=pg)  # no rank still reads rank 0's checkpoint
+        return result
+
+
+def _dcp_round_trip(case: Dict[str, Any], pg: dist.ProcessGroup, directory: str, scratch: str) -> Dict[str, Any]:
     import tempfile
 
     import torch.distributed.checkpoint as dcp
 
     kind = case["module"]
-    directory = [tempfile.mkdtemp(prefix="dcp-")]
-    dist.broadcast_object_list(directory, src=0, group=pg)
-    saved = _dcp_model(case, case["sharding_type"], case["kernel"], pg, tempfile.mkdtemp(prefix="disk-"))
+    checkpoint_id = os.path.join(directory, "checkpoint")
+    saved = _dcp_model(case, case["sharding_type"], case["kernel"], pg, tempfile.mkdtemp(prefix="disk-", dir=scratch))
     for step in range(STEPS):
         _dcp_step(saved, kind, step, pg)
     dcp.save({"model": saved.state_dict(), "optim": saved.fused_optimizer.state_dict()},
-             checkpoint_id=directory[0], process_group=pg)
+             checkpoint_id=checkpoint_id, process_group=pg)
     at_save = _full_tables(saved, pg)
     after = [_dcp_step(saved, kind, step, pg) for step in range(STEPS, 2 * STEPS)]
     group = _first_ranks(pg, case["load_world_size"])
     if group is None:
         return {}
-    loaded = _dcp_model(case, case["load_sharding_type"], case["load_kernel"], group, tempfile.mkdtemp(prefix="disk-"))
+    loaded = _dcp_model(case, case["load_sharding_type"], case["load_kernel"], group,
+                        tempfile.mkdtemp(prefix="disk-", dir=scratch))
     fresh = _full_tables(loaded, group)
     state = {"model": loaded.state_dict(), "optim": loaded.fused_optimizer.state_dict()}
-    dcp.load(state, checkpoint_id=directory[0], process_group=group)
+    dcp.load(state, checkpoint_id=checkpoint_id, process_group=group)
     loaded.load_state_dict(state["model"])
     loaded.fused_optimizer.load_state_dict(state["optim"])
     restored = _full_tables(loaded, group)
