@@ -34,6 +34,11 @@ class InputError(TorchRecAscendError, ValueError):
     """A batch breaks a rule of its table (a negative ID); the message names the table, the feature and the rule."""
 
 
+class RankLostError(TorchRecAscendError, RuntimeError):
+    """Another rank of the job is gone (killed, or its host is down); the message names it and what this rank was
+    doing."""
+
+
 def check_non_negative_ids(
     ids: Any, features: Sequence[str], ends: Callable[[], Sequence[int]], table_of: Callable[[str], str]
 ) -> None:

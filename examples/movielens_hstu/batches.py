@@ -197,14 +197,19 @@ class TrainBatches:
     def steps_per_epoch(self) -> int:
         return math.ceil(self.windows.shape[0] / (self.batch_size * self.world_size))
 
-    def epoch(self, epoch: int) -> Iterator[SequenceBatch]:
-        """Yield this rank's batches of ``epoch``."""
+    def epoch(self, epoch: int, skip: int = 0) -> Iterator[SequenceBatch]:
+        """Yield this rank's batches of ``epoch``, after the first ``skip`` (a job resumed mid-epoch).
+
+        The batches after ``skip`` are those an uninterrupted epoch yields (the skipped ones still draw their
+        negatives, so the random stream is where it would be).
+        """
         shared = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(self.windows.shape[0], generator=shared)
         total = self.steps_per_epoch * self.batch_size * self.world_size
         order = order.repeat(math.ceil(total / order.numel()))[:total]
         mine = order.view(self.steps_per_epoch, self.world_size, self.batch_size)[:, self.rank]
         local = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 1_009 + self.rank)
-        for rows in mine:
+        for step, rows in enumerate(mine):
             draws = torch.randint(self.catalogue.numel(), (self.num_negatives,), generator=local)
-            yield make_batch(self.windows[rows], self.catalogue[draws])
+            if step >= skip:
+                yield make_batch(self.windows[rows], self.catalogue[draws])
