@@ -98,7 +98,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def init_process_group() -> None:
     """gloo process group from torchrun's environment, or a single process when started with plain python."""
-    if "RANK" in os.environ:
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # torchrun's restarted ranks share its store with the ranks they replace: keys of their own keep them from
+        # reading the old ranks' gloo addresses (seen: "Gloo connectFullMesh failed ... Connection refused").
+        address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        store = dist.PrefixStore(f"attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/",
+                                 dist.TCPStore(address, port, is_master=False, timeout=collective_timeout()))
+        dist.init_process_group("gloo", store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=collective_timeout())
+    elif "RANK" in os.environ:
         dist.init_process_group("gloo", timeout=collective_timeout())
     else:
         store = Path(tempfile.mkdtemp()) / "store"
