@@ -1,4 +1,4 @@
-"""The main job (examples/movielens_hstu) against SIGTERM under torchrun, on a tiny data set.
+"""The main job (examples/movielens_hstu) against SIGTERM and a killed rank under torchrun, on a tiny data set.
 
 Oracle: the same job run without a fault. A job stopped and resumed must end with the same model, bit for bit
 (``model_digest``: dense parameters, AdamW state, every item's row and optimizer state from every tier) and the same
@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from test_train_job import write_synthetic_wheel
 
-pytestmark = pytest.mark.slow  # 59 s here: an uninterrupted run, then a stopped and restarted one
+pytestmark = pytest.mark.slow  # SIGTERM 59 s, kill -9 32 s here (an uninterrupted run is shared)
 ROOT = Path(__file__).resolve().parents[2]
 FAULT_AT_STEP = Path(__file__).with_name("fault_at_step.py")
 WITH_POLICY = ROOT / "tests" / "examples" / "with_example_policy.py"
@@ -83,3 +83,19 @@ def test_sigterm_at_a_random_step_resumes_bit_for_bit(data, reference, tmp_path)
     # both ranks stopped after the step the signal came at, plus the batches in flight (pipeline depth 3)
     assert len(resumed["resumed_at"]) == 1 and step <= resumed["resumed_at"][0] <= step + 2
     assert_same_model(resumed, reference(2))
+
+
+@pytest.mark.parametrize("world_size", [2])  # 4 ranks: the restarted job fails at its first batch (open)
+def test_killed_rank_is_named_and_torchrun_resumes_from_the_last_save(data, reference, tmp_path, world_size):
+    """kill -9 of one rank mid-training: the others stop naming it, torchrun --max-restarts=1 restarts the job from
+    the last complete save (every 10 steps), and the run ends with the uninterrupted run's model."""
+    steps = EPOCHS * STEPS_PER_EPOCH * 2 // world_size
+    rng = random.Random(world_size)
+    step, victim = rng.randrange(14, steps - 2), rng.randrange(world_size)  # after the first save (step 10 + 2)
+    result = torchrun(data, tmp_path, world_size, max_restarts=1, faults=f"0:KILL:{victim}:{step}")
+    assert result.returncode == 0, result.stderr[-5000:]
+    assert f"RankLostError: rank {victim} of {world_size} lost" in result.stderr
+    resumed = metrics(tmp_path)
+    assert len(resumed["resumed_at"]) == 1 and resumed["resumed_at"][0] % 10 == 2 and resumed["resumed_at"][0] < step
+    ref = reference(world_size)
+    assert resumed["losses"] == ref["losses"] and resumed["model_digest"] == ref["model_digest"]
