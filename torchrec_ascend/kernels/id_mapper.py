@@ -49,6 +49,14 @@ def with_values(features: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJagge
 
 
 
+def _joined(parts: List[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
+    """``parts`` concatenated (``empty`` if none); a single part as it is, without a copy (one table's IDs mostly
+    come from one feature)."""
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat(parts) if parts else empty
+
+
 def _has_streams(device: torch.device) -> bool:
     """Whether ``device`` is the accelerator (work on it runs on streams)."""
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
@@ -191,11 +199,12 @@ class IdMapper:
             self._on_batch(on_host)
         per_feature = torch.split(values, on_host.length_per_key())
         slots: List[Any] = [None] * len(per_feature)
+        training = self._training()
         for t, table in enumerate(self._slot_tables):
             features_of_t = self._features_of[t]
-            ids = torch.cat([per_feature[i] for i in features_of_t]) if features_of_t else values[:0]
+            ids = _joined([per_feature[i] for i in features_of_t], values[:0])
             assignment = table.assign(
-                ids.long(), training=self._training(),
+                ids.long(), training=training,
                 known=self._tier.known(t), on_evict=functools.partial(self._tier.left, t),
             )
             if assignment.new_slots.numel():
@@ -204,10 +213,13 @@ class IdMapper:
                 except Exception:
                     table.remove(assignment.new_ids)  # unfilled rows must not stay mapped; the stores keep theirs
                     raise
-            sizes = [per_feature[i].numel() for i in features_of_t]
-            for i, part in zip(features_of_t, torch.split(assignment.slots, sizes)):
-                slots[i] = part
-        host_slots = torch.cat(slots) if slots else values
+            if len(features_of_t) == 1:
+                slots[features_of_t[0]] = assignment.slots
+            else:
+                sizes = [per_feature[i].numel() for i in features_of_t]
+                for i, part in zip(features_of_t, torch.split(assignment.slots, sizes)):
+                    slots[i] = part
+        host_slots = _joined(slots, values)
         return to_device(host_slots, device), with_values(on_host, host_slots)
 
     def fits(self, features: KeyedJaggedTensor) -> bool:
