@@ -10,7 +10,7 @@ Two models per sharding type, on the same batches:
 
 Reported: global samples/s (median over runs, variants timed in turns) and hash / stock per sharding type (the
 median of the ratios within a round: a round's variants run back to back, under the same load).
-Target: >= 0.85x for row_wise and for table_wise. The hash tables' counters are checked too: no ID rejected or
+Target (issue 32): >= 0.95x for row_wise and for table_wise. The hash tables' counters are checked too: no ID rejected or
 evicted, so both models train the same number of rows. Timing as ``dlrm_workload.py`` says (medians of
 interleaved runs on this shared 2-core machine).
 
@@ -53,7 +53,7 @@ from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.kernels.fused import HashRows
 from torchrec_ascend.kernels.walk import sharded_kernels
 
-TARGET = 0.85
+TARGET = 0.95
 SHARDING_TYPES = ["row_wise", "table_wise"]
 
 

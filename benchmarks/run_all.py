@@ -80,7 +80,7 @@ def parse_policies(text: str) -> Dict[str, Any]:
                          "baseline": header[3:]})
     notes = [line for line in text.splitlines() if line.startswith(("eviction:", "admission:"))]
     notes.append("No target is stated for this micro-benchmark; bench_key_value.py measures the policy's share of a "
-                 "KEY_VALUE training step against the 10% target.")
+                 "KEY_VALUE training step against the 5% target.")
     return make_result("Eviction and admission policy time per batch (cache simulator)",
                        "LRU (eviction) and count (admission), same workload, same run", rows, [], notes)
 
