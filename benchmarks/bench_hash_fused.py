@@ -10,8 +10,8 @@ Two models per sharding type, on the same batches:
 
 Reported: global samples/s (median over runs, variants timed in turns) and hash / stock per sharding type (the
 median of the ratios within a round: a round's variants run back to back, under the same load).
-Target (issue 32): >= 0.95x for row_wise and for table_wise. The hash tables' counters are checked too: no ID rejected or
-evicted, so both models train the same number of rows. Timing as ``dlrm_workload.py`` says (medians of
+Target (issue 32): >= 0.95x for row_wise and for table_wise. The hash tables' counters are checked too: no ID
+rejected or evicted, so both models train the same number of rows. Timing as ``dlrm_workload.py`` says (medians of
 interleaved runs on this shared 2-core machine).
 
 Run (launches its own 2 ranks)::
