@@ -34,6 +34,8 @@ Faults in torchrec-ascend's own parts:
   (zeros of the table's shape, no ``weight_id``): their rows are not in a DCP checkpoint.
 * ``policy_state_dropped``: a hash table's loaded ``policy_state`` is never applied (DCP loads restore rows only;
   caches and policies start over).
+* ``double_policy_step``: a hash table's slot table takes two policy steps per training batch (as one stepping
+  once per feature of a two-feature table would).
 * ``hash_sharding_unchecked``: hash tables accept table_row_wise like the sharding types they support (the planner
   may propose it, a hand-written plan is not refused).
 * ``whole_shard_short``: a KEY_VALUE cache of ``CacheParams(load_factor=1.0)`` is sized as one of 1/16 (fewer rows
@@ -279,6 +281,20 @@ def _policy_state_dropped_patch() -> None:
     policy_state.take_loaded = lambda kernel, t: None
 
 
+def _double_policy_step_patch() -> None:
+    from torchrec_ascend.hash.slot_table import SlotTable
+
+    original = SlotTable.assign
+
+    def assign(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = self.step
+        out = original(self, *args, **kwargs)
+        self.step += self.step - before  # a step taken (training) is taken twice
+        return out
+
+    SlotTable.assign = assign
+
+
 def _hash_sharding_unchecked_patch() -> None:
     from torchrec_ascend import sharders
 
@@ -370,6 +386,7 @@ FAULTS = {
     "kv_state_dict_placeholder": _after_import("torchrec_ascend.checkpoint.key_value_state",
                                                _kv_state_dict_placeholder_patch),
     "policy_state_dropped": _after_import("torchrec_ascend.checkpoint.policy_state", _policy_state_dropped_patch),
+    "double_policy_step": _after_import("torchrec_ascend.hash.slot_table", _double_policy_step_patch),
     "hash_sharding_unchecked": _after_import("torchrec_ascend.sharders", _hash_sharding_unchecked_patch),
     "whole_shard_short": _after_import("torchrec_ascend.kernels.key_value.kernel", _whole_shard_short_patch),
     "stage_wait_missing": _after_import("torchrec_ascend.pipeline.streams", _stage_wait_missing_patch),

@@ -5,7 +5,8 @@ one ``torchrec-ascend conformance --quick --only CHECK`` run in a subprocess) an
 bucketization, one fused optimizer update) or torchrec-ascend's own parts (the hash bucketizer, the slot table's
 eviction, the KEY_VALUE swap of optimizer state, the Saver, the dedup reverse index, a reused row's optimizer
 state in FUSED and KEY_VALUE, the pins of the batch in compute, the IDs an incremental save removes, the size of
-a ``load_factor=1.0`` cache, the refusal of a sharding type hash tables do not support, and on the
+a ``load_factor=1.0`` cache, the refusal of a sharding type hash tables do not support, the policy step of a
+batch, and on the
 emulated NPU a dropped host-to-device copy and the stream-order check's faults: a missing stage wait, a missing
 ``record_stream``, a host read of an in-flight copy; issue 31's four faults also together on the emulated NPU). The same
 command without the fault is the control: it must pass, so the failures come from the fault; each fault must fail
@@ -106,6 +107,8 @@ OWN_FAULTS: Dict[str, Tuple[str, Set[str], Any]] = {
     # A cache of load_factor=1.0 holds the whole shard; hash tables refuse a sharding type they do not support.
     "whole_shard_short": ("key_value", {"test_case[ebc-row_wise-rowwise_adagrad-12-512-8]"},
                           "a cache of the whole shard evicted"),
+    "double_policy_step": ("hash_tables", {"test_case[policy_steps-ebc-unsharded-fused]",
+                                           "test_case[policy_steps-ebc-row_wise-fused]"}, "one step per batch"),
     "hash_sharding_unchecked": ("errors", {"test_case[unsupported_sharding-table_row_wise-by_hand]"},
                                 "expected a ConfigError, got no error"),
 }

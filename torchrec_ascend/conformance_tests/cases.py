@@ -204,12 +204,28 @@ def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     runnable = [c for c in cases if not c.skip and c.params["optimizer"] == "rowwise_adagrad"]
     dedup = [Case({**c.params, "dedup": "index_dedup"}, c.expect) for c in runnable if c.params["kind"] == "ec"]
     reused = reused_row_cases(profile)
+    steps = policy_step_cases(profile)
     if quick:
         return (_quick(cases, ("ebc-row_wise-rowwise_adagrad",))
-                + _quick(dedup, ("ec-row_wise-rowwise_adagrad-index_dedup",)) + reused)
+                + _quick(dedup, ("ec-row_wise-rowwise_adagrad-index_dedup",)) + reused + steps[:2])
     state_dict = [Case({**c.params, "state_dict": c.params["sharding_type"]}) for c in runnable
                   if c.params["kind"] == "ebc"]
-    return cases + dedup + state_dict + _variants(cases, HASH_VARIANTS) + reused
+    return cases + dedup + state_dict + _variants(cases, HASH_VARIANTS) + reused + steps
+
+
+def policy_step_cases(profile: Any) -> List[Case]:
+    """A table read by two features takes one policy step per batch (``plugin/policy_steps.py``): unsharded, then
+    each hash kernel the device offers (FUSED, KEY_VALUE) on each of row_wise and table_wise it offers.
+
+    Example::
+
+        [c.id for c in policy_step_cases(profile_for("cpu"))][:2]
+        # ['policy_steps-ebc-unsharded-fused', 'policy_steps-ebc-row_wise-fused']
+    """
+    types = [t for t in ("row_wise", "table_wise") if t in profile.sharding_types]
+    kernels = [k for k in ("fused", "key_value") if k in profile.compute_kernels]
+    return [Case({"promise": "policy_steps", "kind": "ebc", "sharding_type": st, "kernel": kernel})
+            for st, kernel in [("unsharded", "fused"), *((st, k) for k in kernels for st in types)]]
 
 
 def reused_row_cases(profile: Any) -> List[Case]:

@@ -4,7 +4,8 @@ Runs ``plugin/hash_tables.py``: raw 63-bit IDs with repeats through stock collec
 the FUSED kernel; also ``use_index_dedup`` and stock ``state_dict()`` round trips. Oracles: the unsharded hash
 collection on the global batch, and a plain-Python ``ID -> row`` model with the same deterministic initialisation
 and the optimizer written out. The ``reused_row`` cases: an ID that takes over an evicted ID's row (FUSED and
-KEY_VALUE, row-wise Adagrad) trains exactly as a brand-new row in plain Python.
+KEY_VALUE, row-wise Adagrad) trains exactly as a brand-new row in plain Python. The ``policy_steps`` cases: a
+table read by two features takes one policy step per batch (oracle: the batches trained).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ def test_case(case: Case, request: Any) -> None:
         assert r["row_err"] <= TOLERANCE and r["fwd_err"] <= TOLERANCE, (
             f"an ID on a reused row does not train as a new row (fresh initial value, zero optimizer state): its "
             f"outputs differ from the plain-Python oracle by {r['fwd_err']}, its final row by {r['row_err']}")
+        return
+    if case.params.get("promise") == "policy_steps":  # a table read by two features: one policy step per batch
+        wrong = {table: steps for table, steps in r["steps"].items() if set(steps) != {r["batches"]}}
+        assert r["steps"] and not wrong, (
+            f"after {r['batches']} batches the tables' policies took {wrong} steps (per shard): a table read by "
+            "several features must take one step per batch")
         return
     if "state_dict" in case.params:  # state_dict() and the fused optimizer's through DCP, into the same plan
         assert not r["load_error"], r["load_error"]

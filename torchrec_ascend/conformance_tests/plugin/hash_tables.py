@@ -28,7 +28,8 @@ the model that never stopped, and ``shape_errors``: each entry of the saved stat
 table's ``num_embeddings`` (the not-admitted row must stay hidden).
 
 A case with ``"promise": "reused_row"`` checks that an ID taking over an evicted ID's row trains as a new row (FUSED
-or KEY_VALUE, row-wise Adagrad): see ``plugin/reused_rows.py``.
+or KEY_VALUE, row-wise Adagrad): see ``plugin/reused_rows.py``; ``"promise": "policy_steps"``, that a table read by
+two features takes one policy step per batch: see ``plugin/policy_steps.py``.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.conformance_tests.plugin import reused_rows
+from torchrec_ascend.conformance_tests.plugin import policy_steps, reused_rows
 from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency, shared_directory
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import SPARSE_ORACLES, ColumnShardRowWiseAdagrad
 from torchrec_ascend.errors import ConfigError
@@ -361,6 +362,8 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
         return state_dict_case(case, pg)
     if case.get("promise") == "reused_row":
         return reused_rows.run(case, pg)
+    if case.get("promise") == "policy_steps":
+        return policy_steps.run(case, pg)
     rank, world = pg.rank(), pg.size()
     kind, sharding_type, variant = case["kind"], case["sharding_type"], case.get("variant", "")
     opt_cls, opt_kwargs = OPTIMIZERS[case["optimizer"]]
