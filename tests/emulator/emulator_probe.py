@@ -32,6 +32,25 @@ def _counted(fn: Callable[[], Any]) -> Dict[str, int]:
     return dataclasses.asdict(m.counts)
 
 
+def _per_thread() -> Dict[str, Dict[str, int]]:
+    """A sync on this thread and a blocking copy up on another, each counted as its own thread's (by name)."""
+    x = torch.arange(4, device="npu")
+    seen: Dict[str, Dict[str, int]] = {}
+
+    def side() -> None:
+        with emulated_npu.measure() as own:
+            x.cpu()
+        seen.update({emulated_npu.thread_name(t): dataclasses.asdict(c) for t, c in own.threads.items()})
+
+    with emulated_npu.measure() as m:
+        x.sum().item()
+        worker = threading.Thread(target=side, name="side")
+        worker.start()
+        worker.join()  # the worker's record goes when it exits: only its own measure() saw it
+    seen.update({emulated_npu.thread_name(t): dataclasses.asdict(c) for t, c in m.threads.items()})
+    return seen
+
+
 def device() -> Dict[str, Any]:
     emulated_npu.install(device_count=2)
     emulated_npu.install(device_count=2)  # idempotent
@@ -117,6 +136,7 @@ def device() -> Dict[str, Any]:
         barrier.wait()
         thread.join()
     facts["thread"] = seen
+    facts["per_thread"] = _per_thread()
     facts["streams"] = [high.priority, npu.current_stream() == npu.default_stream(), high.stream_id != 0]
     start, end = npu.Event(enable_timing=True), npu.Event(enable_timing=True)
     start.record()

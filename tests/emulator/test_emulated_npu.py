@@ -84,6 +84,10 @@ def test_counters_count_exactly(device: Dict[str, Any], case: str, expected: Dic
     assert device[case] == expected
 
 
+def test_counters_are_per_thread(device: Dict[str, Any]) -> None:
+    assert device["per_thread"] == {"MainThread": counts(syncs=1), "side": counts(d2h=1, d2h_bytes=32, syncs=1)}
+
+
 def test_device_memory_semantics(device: Dict[str, Any]) -> None:
     assert device["views"] == [0.0, 7.0, 0.0, 0.0, 8.0, 1.0]  # writes through views land in the base tensor
     assert device["out_resized"] == ["npu:0", [0, 1, 3, 6, 10]]

@@ -16,6 +16,8 @@ API (everything else is private)::
     with emulated_npu.measure() as step:       # counts of one block (a training step)
         ...
     step.counts.syncs
+    step.threads                               # native thread id -> that thread's Counts in the block
+    emulated_npu.thread_counters(), emulated_npu.thread_name(native_id)   # per live thread, since it started
     with emulated_npu.withhold_ops(["asynchronous_complete_cumsum"]):   # no npu kernel inside
         ...
     emulated_npu.withheld_ops(), emulated_npu.provided_ops(), emulated_npu.is_installed()

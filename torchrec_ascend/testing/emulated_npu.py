@@ -59,7 +59,7 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import Any, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from torchrec_ascend.errors import BackendError
 
@@ -101,14 +101,27 @@ class Measurement:
 
     def __init__(self) -> None:
         self._start = counters()
+        self._threads_start = thread_counters()
         self._end: Optional[Counts] = None
+        self._threads_end: Optional[Dict[int, Counts]] = None
 
     @property
     def counts(self) -> Counts:
         return (self._end if self._end is not None else counters()) - self._start
 
+    @property
+    def threads(self) -> Dict[int, Counts]:
+        """Per native thread id, what each thread counted in the block (threads that counted nothing left out).
+
+        A thread that exited inside the block is not here (its counts are in :attr:`counts`).
+        """
+        end = self._threads_end if self._threads_end is not None else thread_counters()
+        spent = {tid: c - self._threads_start.get(tid, Counts()) for tid, c in end.items()}
+        return {tid: c for tid, c in spent.items() if c != Counts()}
+
     def _close(self) -> None:
         self._end = counters()
+        self._threads_end = thread_counters()
 
 
 def _extension() -> Any:
@@ -377,7 +390,7 @@ def provided_ops() -> List[str]:
 
 
 def counters() -> Counts:
-    """The counts since the process started (all threads).
+    """The counts since the process started (all threads; per thread: :func:`thread_counters`).
 
     Example::
 
@@ -386,6 +399,28 @@ def counters() -> Counts:
         (emulated_npu.counters() - before).d2h   # 1
     """
     return Counts(*(int(v) for v in _extension().counters()))
+
+
+def thread_counters() -> Dict[int, Counts]:
+    """The counts since each live thread started, by native thread id (``threading.get_native_id()``).
+
+    Every count of :func:`counters` is also the calling thread's own, so a report can say where a copy or a host
+    wait happened (:func:`thread_name` names the id). A thread's counts go when it exits.
+
+    Example::
+
+        emulated_npu.thread_counters()[threading.get_native_id()].syncs   # this thread's host waits so far
+    """
+    return {int(tid): Counts(*(int(v) for v in values)) for tid, values in _extension().thread_counters()}
+
+
+def thread_name(native_id: int) -> str:
+    """The Python name of the live thread with ``native_id``, or ``"native thread <id>"`` (a thread Python did not
+    start, such as one of a collective backend's)."""
+    for thread in threading.enumerate():
+        if thread.native_id == native_id:
+            return thread.name
+    return f"native thread {native_id}"
 
 
 @contextlib.contextmanager
@@ -397,6 +432,7 @@ def measure() -> Iterator[Measurement]:
         with emulated_npu.measure() as step:
             loss = model(batch).sum(); loss.backward()
         assert step.counts.syncs == 0, step.counts
+        assert step.threads.get(threading.get_native_id(), emulated_npu.Counts()).syncs == 0   # this thread's
     """
     measurement = Measurement()
     try:

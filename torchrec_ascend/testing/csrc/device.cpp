@@ -12,8 +12,10 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <iomanip>
@@ -373,8 +375,70 @@ Counters& counters() {
   return instance;
 }
 
+namespace {
+
+struct ThreadCounters {
+  int64_t native_id = static_cast<int64_t>(syscall(SYS_gettid));
+  Counters counts;
+};
+
+// Live threads' counters: each thread registers its record at its first count and removes it at exit.
+std::mutex g_threads_mutex;
+std::vector<std::shared_ptr<ThreadCounters>> g_threads;
+
+struct ThreadSlot {
+  std::shared_ptr<ThreadCounters> record = std::make_shared<ThreadCounters>();
+  ThreadSlot() {
+    const std::lock_guard<std::mutex> lock(g_threads_mutex);
+    g_threads.push_back(record);
+  }
+  ~ThreadSlot() {
+    const std::lock_guard<std::mutex> lock(g_threads_mutex);
+    g_threads.erase(std::remove(g_threads.begin(), g_threads.end(), record), g_threads.end());
+  }
+};
+
+Counters& this_thread() {
+  thread_local ThreadSlot slot;
+  return slot.record->counts;
+}
+
+}  // namespace
+
 void count_sync() {
   counters().syncs++;
+  this_thread().syncs++;
+}
+
+void count_h2d(int64_t bytes) {
+  for (Counters* c : {&counters(), &this_thread()}) {
+    c->h2d++;
+    c->h2d_bytes += bytes;
+  }
+}
+
+void count_d2h(int64_t bytes, bool blocking) {
+  for (Counters* c : {&counters(), &this_thread()}) {
+    c->d2h++;
+    c->d2h_bytes += bytes;
+    c->syncs += blocking ? 1 : 0;
+  }
+}
+
+void count_d2d() {
+  counters().d2d++;
+  this_thread().d2d++;
+}
+
+std::vector<std::pair<int64_t, std::vector<int64_t>>> thread_counters() {
+  const std::lock_guard<std::mutex> lock(g_threads_mutex);
+  std::vector<std::pair<int64_t, std::vector<int64_t>>> out;
+  for (const auto& t : g_threads) {
+    const Counters& c = t->counts;
+    out.emplace_back(t->native_id, std::vector<int64_t>{c.h2d.load(), c.h2d_bytes.load(), c.d2h.load(),
+                                                        c.d2h_bytes.load(), c.d2d.load(), c.syncs.load()});
+  }
+  return out;
 }
 
 c10::DeviceIndex device_count() {

@@ -31,7 +31,14 @@ struct Counters {
 };
 
 Counters& counters();
+// Each count goes to the process's counters and to the calling thread's (so a report can say which thread copied
+// or waited: a lane waiting on an event is allowed, the compute thread waiting is not).
 void count_sync();
+void count_h2d(int64_t bytes);
+void count_d2h(int64_t bytes, bool blocking);  // a blocking one is also a host sync
+void count_d2d();
+// The counters of every live thread that counted, by native thread id (threading.get_native_id()).
+std::vector<std::pair<int64_t, std::vector<int64_t>>> thread_counters();
 
 c10::DeviceIndex device_count();
 void set_device_count(c10::DeviceIndex count);

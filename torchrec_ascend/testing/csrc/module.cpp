@@ -40,6 +40,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return std::vector<int64_t>{c.h2d.load(), c.h2d_bytes.load(), c.d2h.load(), c.d2h_bytes.load(),
                                 c.d2d.load(), c.syncs.load()};
   });
+  m.def("thread_counters", &emu::thread_counters,
+        "(native thread id, counters) of every live thread that counted, counters in counters()' order.");
   m.def("host_alias", [](const at::Tensor& tensor) { return emu::host_alias(tensor); },
         "A CPU tensor over the same memory as an npu tensor (no copy, not counted).");
   m.def("device_copy", [](const at::Tensor& host, int index) {

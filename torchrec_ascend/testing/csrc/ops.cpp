@@ -398,7 +398,6 @@ at::Tensor& set_storage_offset(at::Tensor& self, at::Storage source, c10::SymInt
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   const bool from_device = self.device().type() == kDevice;
   const bool to_device_memory = dst.device().type() == kDevice;
-  auto& c = counters();
   const int64_t bytes = static_cast<int64_t>(self.numel()) * static_cast<int64_t>(self.element_size());
   // Between two devices a copy is ordered with the current streams of both (as CUDA's peer copy): each side is
   // checked on its own device's stream.
@@ -409,16 +408,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const KernelCheck peer("aten::_copy_from", one_device ? std::vector<TensorUse>{}
                                                         : std::vector<TensorUse>{{&dst, "dst", true}});
   if (from_device && to_device_memory) {
-    c.d2d++;
+    count_d2d();
   } else if (to_device_memory) {
-    c.h2d++;
-    c.h2d_bytes += bytes;
+    count_h2d(bytes);
   } else if (from_device) {
-    c.d2h++;
-    c.d2h_bytes += bytes;
-    if (!non_blocking) {
-      c.syncs++;
-    }
+    count_d2h(bytes, !non_blocking);
   }
   if (from_device && !to_device_memory) {
     uintptr_t start = 0;
