@@ -280,7 +280,9 @@ PROMISE_CHECKS = ["hash_tables", "key_value", "checkpoint"]
 #: same-layout DCP load restores the cache as saved (policy state) and trains on as the saved model.
 PROMISE_FAILING = {REUSED_ROW.format("fused"), REUSED_ROW.format("key_value"), PINNED,
                    "test_case[ebc-row_wise-adagrad-12-64-8]", "test_case[gone_ids-ebc-row_wise-fused-1]",
-                   "test_case[round_trip-ebc-column_wise-fused-adagrad-default-table_wise-key_value-1]"} | (
+                   "test_case[round_trip-ebc-column_wise-fused-adagrad-default-table_wise-key_value-1]",
+                   # the broken KEY_VALUE tier's extra reads break the kernel's copy budget on the emulated NPU
+                   "test_case[ebc-row_wise-rowwise_adagrad-12-512-8]"} | (
                        DCP_CASES - {DCP_SAME})
 
 
@@ -293,13 +295,17 @@ def test_the_promise_faults_fail_the_emulated_run(emulated_npu: None, fault_site
     assert "does not train as a new row" in output and "CapacityError" in output, output
 
 
+UNSHARDED_STEPS = "test_case[policy_steps-ebc-unsharded-fused]"
+
+
 @pytest.mark.teeth
 def test_a_dropped_device_transfer_fails_the_emulated_run(emulated_npu: None, fault_site: Path,
                                                           tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": "transfer_dropped"}
     status, output, outcomes = run_cli(EMULATED + ["--quick", "--only", "hash_tables"], tmp_path, env)
     assert status == 1, output
-    assert outcomes and set(outcomes.values()) == {"failed"}, output
+    # Every case through the sharded kernels' ID mapper fails; the unsharded module maps IDs without it.
+    assert outcomes and {c for c, o in outcomes.items() if o != "failed"} == {UNSHARDED_STEPS}, output
     assert "Expected all tensors to be on the same device" in output, output
 
 
