@@ -162,6 +162,7 @@ def test_make_result_keeps_its_parts() -> None:
     assert result == {"title": "t", "baseline": "b", "rows": [{"x": 1}], "targets": [], "notes": ["n"]}
 
 
+@pytest.mark.benchmarks
 @pytest.mark.parametrize("benchmark", run_all.BENCHMARKS, ids=lambda b: b.name)
 def test_every_benchmark_runs_at_smoke_size(benchmark) -> None:
     outcome = run_all.run(benchmark, smoke=True, timeout=300)
