@@ -46,8 +46,9 @@ def _per_thread() -> Dict[str, Dict[str, int]]:
         x.sum().item()
         worker = threading.Thread(target=side, name="side")
         worker.start()
-        worker.join()  # the worker's record goes when it exits: only its own measure() saw it
-    seen.update({emulated_npu.thread_name(t): dataclasses.asdict(c) for t, c in m.threads.items()})
+        worker.join()
+    # join() returns before the worker's OS thread ends (and drops its record): read this thread's entry only.
+    seen["MainThread"] = dataclasses.asdict(m.threads[threading.get_native_id()])
     return seen
 
 

@@ -113,7 +113,8 @@ class Measurement:
     def threads(self) -> Dict[int, Counts]:
         """Per native thread id, what each thread counted in the block (threads that counted nothing left out).
 
-        A thread that exited inside the block is not here (its counts are in :attr:`counts`).
+        A thread that exited inside the block leaves when its OS thread ends (its counts stay in :attr:`counts`);
+        ``Thread.join()`` returns a moment before that, so it may still be here, named by its id only.
         """
         end = self._threads_end if self._threads_end is not None else thread_counters()
         spent = {tid: c - self._threads_start.get(tid, Counts()) for tid, c in end.items()}
