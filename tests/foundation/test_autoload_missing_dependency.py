@@ -1,19 +1,27 @@
-"""A dependency of ours missing: ``import torch`` still works, and ``import torchrec`` says in one line what is missing
-and the command that installs it.
+"""A broken install: ``import torch`` still works, and ``import torchrec`` (or ``doctor``) says in one line what is
+wrong and the command that fixes it.
 
 Each child hides one distribution behind a ``sys.meta_path`` finder that raises ``ModuleNotFoundError`` for it (as if
-it were not installed), then imports torch and torchrec. Oracle: torch's own arithmetic, and the stock allow-list
-(stock TorchRec refuses ``row_wise`` on CPU; torchrec-ascend, when it is off, must leave TorchRec stock).
+it were not installed), or puts a stand-in for the CUDA ``fbgemm-gpu`` first on the path (its metadata, and a package
+whose import fails as the real one does without the CUDA runtime), then imports torch and torchrec. Oracle: torch's
+own arithmetic, and the stock allow-list (stock TorchRec refuses ``row_wise`` on CPU; torchrec-ascend, when it is
+off, must leave TorchRec stock).
+
+Not covered, because no package can cover it: a numpy that raises ``ImportError`` on import (not
+``ModuleNotFoundError``) makes torch's own ``torch/storage.py`` fail, with or without torchrec-ascend installed.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any, Dict
 
 import pytest
+import torch
 
 from fresh_interpreter import start_all
+from torchrec_ascend import versions
 
 # HIDDEN: the top-level module made unimportable before anything else is imported.
 HIDE = """
@@ -59,9 +67,44 @@ ENTRY_POINT_MODULES = {
 }
 
 
+# What `import torchrec` raised, with the notes Python prints under it, and what doctor found.
+IMPORT_AND_DOCTOR = """
+import torch
+from fresh_interpreter import report
+facts = {"torch_works": torch.ones(2).sum().item() == 2.0}
+try:
+    import torchrec
+except Exception as err:
+    facts["error"] = f"{type(err).__name__}: {err}"
+    facts["notes"] = list(getattr(err, "__notes__", []))
+from torchrec_ascend.cli import doctor
+facts["problems"] = doctor.diagnose().problems
+report(facts)
+"""
+
+# The CUDA build of fbgemm-gpu on a CPU machine: its metadata, and a package that fails as its library does.
+CUDA_FBGEMM_ERROR = "libcudart.so.12: cannot open shared object file: No such file or directory"
+
+
+def cuda_fbgemm_standin(root: Path) -> Path:
+    (root / "fbgemm_gpu").mkdir(parents=True)
+    (root / "fbgemm_gpu" / "__init__.py").write_text(f"raise OSError({CUDA_FBGEMM_ERROR!r})\n")
+    metadata = root / "fbgemm_gpu-1.8.0.dist-info"
+    metadata.mkdir()
+    (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: fbgemm-gpu\nVersion: 1.8.0\n")
+    return root
+
+
 @pytest.fixture(scope="module")
-def children() -> Dict[str, "Future[Dict[str, Any]]"]:
-    return start_all({hidden: {"code": f"HIDDEN = {hidden!r}\n" + HIDE + PROBE} for hidden in ("packaging", "pluggy")})
+def children(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, "Future[Dict[str, Any]]"]:
+    programs: Dict[str, Dict[str, Any]] = {
+        hidden: {"code": f"HIDDEN = {hidden!r}\n" + HIDE + PROBE} for hidden in ("packaging", "pluggy")
+    }
+    for hidden in ("torchrec", "tensordict"):
+        programs[hidden] = {"code": f"HIDDEN = {hidden!r}\n" + HIDE + IMPORT_AND_DOCTOR}
+    standin = cuda_fbgemm_standin(tmp_path_factory.mktemp("cuda-fbgemm"))
+    programs["cuda fbgemm"] = {"code": f"import sys; sys.path.insert(0, {str(standin)!r})\n" + IMPORT_AND_DOCTOR}
+    return start_all(programs)
 
 
 def test_import_torch_survives_a_missing_packaging(children: Dict[str, Future]) -> None:
@@ -95,3 +138,39 @@ def test_missing_pluggy_fails_import_torchrec_with_one_line_naming_the_fix(child
     assert "\n" not in error
     assert "pluggy, which is not installed" in error
     assert 'pip install "pluggy>=1.5"' in error
+
+
+def test_missing_torchrec_doctor_names_the_install_command(children: Dict[str, Future]) -> None:
+    """torchrec left out (it is not in our metadata: its own pulls the CUDA fbgemm-gpu): doctor says to install the
+    release of the stack the installed torch pairs with, with --no-deps."""
+    facts = children["torchrec"].result()
+    assert facts["torch_works"]
+    assert facts["error"] == "ModuleNotFoundError: No module named 'torchrec'"
+    (fix,) = [p for p in facts["problems"] if "fix:" in p]
+    stack = next(s for s in versions.STACKS if torch.__version__.startswith(s.torch + "."))
+    assert fix.startswith("torchrec is not installed; ")
+    assert f'pip install --no-deps "torchrec=={stack.torchrec}.*"' in fix
+
+
+def test_missing_torchrec_dependency_is_a_note_on_the_import_error(children: Dict[str, Future]) -> None:
+    """One of torchrec's own dependencies missing (what `--no-deps` leaves out): the error is TorchRec's, unchanged,
+    with one note under it naming our extra that brings it."""
+    facts = children["tensordict"].result()
+    assert facts["error"] == "ModuleNotFoundError: No module named 'tensordict'"
+    (note,) = facts["notes"]
+    assert note.startswith("torchrec-ascend: torchrec needs tensordict, which is not installed")
+    assert note.endswith('fix: pip install "torchrec-ascend[cpu]"')
+    assert any(p == note.removeprefix("torchrec-ascend: ") for p in facts["problems"]), facts["problems"]
+
+
+def test_cuda_fbgemm_on_a_cpu_torch_is_named_with_the_swap_that_fixes_it(children: Dict[str, Future]) -> None:
+    facts = children["cuda fbgemm"].result()
+    assert facts["torch_works"]
+    assert facts["error"] == f"OSError: {CUDA_FBGEMM_ERROR}"
+    (note,) = facts["notes"]
+    stack = next(s for s in versions.STACKS if torch.__version__.startswith(s.torch + "."))
+    assert "the CUDA build of fbgemm-gpu is installed next to a CPU torch" in note
+    swap = f'pip uninstall -y fbgemm-gpu fbgemm-gpu-cpu && pip install "fbgemm-gpu-cpu=={stack.fbgemm}"'
+    assert note.endswith(f"fix: {swap}")
+    assert "\n" not in note
+    assert note.removeprefix("torchrec-ascend: ") in facts["problems"], facts["problems"]

@@ -48,6 +48,7 @@ def make_hook(name: str, events: List[str]) -> import_hook.TorchRecImportHook:
         on_first_import=lambda: events.append("first import"),
         watched=lambda: {f"{name}.watched"},
         on_loaded=lambda module: events.append(f"loaded {module}"),
+        on_failed=lambda module, err: events.append(f"failed {module}: {err}"),
         prefix=name,
     )
 
@@ -115,3 +116,17 @@ def test_first_import_callback_runs_once(package: Tuple[str, List[str]]) -> None
     finally:
         import_hook.uninstall(hook)
     assert events.count("first import") == 1
+
+
+def test_a_failing_package_import_is_reported_and_the_error_propagates(package: Tuple[str, List[str]]) -> None:
+    """The package's body (which imports the rest) raising: ``on_failed`` sees the error, the importer gets it."""
+    name, events = package
+    hook = make_hook(name, events)
+    (Path(sys.path[0]) / name / "__init__.py").write_text("raise OSError('libfoo.so: cannot open shared object file')")
+    import_hook.install(hook)
+    try:
+        with pytest.raises(OSError, match="libfoo.so"):
+            importlib.import_module(name)
+    finally:
+        import_hook.uninstall(hook)
+    assert events == ["first import", f"failed {name}: libfoo.so: cannot open shared object file"]

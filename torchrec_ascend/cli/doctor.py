@@ -24,7 +24,7 @@ from typing import Any, List, Mapping, Optional
 from torchrec_ascend import hooks
 from torchrec_ascend import versions as version_table
 from torchrec_ascend.adapters.requirements import installed_distribution, installed_version, version_problem
-from torchrec_ascend.injection import autoload, drift
+from torchrec_ascend.injection import autoload, drift, install_problems
 from torchrec_ascend.injection.patch import Patch
 from torchrec_ascend.injection.registry import PatchState
 
@@ -80,6 +80,9 @@ def diagnose() -> Diagnosis:
             registry.apply()  # import the targets torchrec itself has not imported yet
     except Exception as err:  # a broken accelerator stack raises here: show it, do not crash
         problems.append(f"import torchrec failed: {type(err).__name__}: {err}")
+        fix = install_problems.explain(err)
+        if fix:
+            problems.append(fix)
 
     status = autoload.STATUS
     lines += ["", f"Autoload: {status.state}" + (f" ({status.detail})" if status.detail else "")]

@@ -113,7 +113,7 @@ def registry() -> Optional[PatchRegistry]:
 def _arm() -> None:
     global _hook
     if _hook is None:
-        _hook = import_hook.TorchRecImportHook(_on_first_import, _watched, _on_loaded)
+        _hook = import_hook.TorchRecImportHook(_on_first_import, _watched, _on_loaded, _on_failed)
     import_hook.install(_hook)
     if _registry is None and STATUS.state != "error":
         STATUS.state, STATUS.detail = "armed", ""
@@ -206,6 +206,24 @@ def _on_loaded(module: str) -> None:
             _registry.apply(loaded_module=module)
     except Exception as err:
         _record_error(f"patching {module}", err)
+
+
+def _on_failed(module: str, err: BaseException) -> None:
+    """``import torchrec`` failed: add what about the install caused it, and the fix, to the error (one line)."""
+    if module != import_hook.PREFIX:
+        return
+    try:
+        from torchrec_ascend.injection import install_problems
+
+        line = install_problems.explain(err)
+    except Exception:  # never replace the real error with ours
+        return
+    if line is None:
+        return
+    if hasattr(err, "add_note"):  # Python 3.11+: shown under the error's own message
+        err.add_note(f"torchrec-ascend: {line}")
+    else:
+        warnings.warn(f"torchrec-ascend: {line}", RuntimeWarning, stacklevel=2)
 
 
 def _record_error(where: str, err: BaseException) -> None:

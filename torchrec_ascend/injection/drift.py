@@ -141,7 +141,7 @@ def check(patch: Patch, reviewed: Optional[Mapping[str, str]], version: str = ""
     """
     try:
         digest = target_digest(patch.target)
-    except (LookupError, ImportError, AttributeError, SyntaxError) as err:
+    except (LookupError, ImportError, AttributeError, SyntaxError, OSError) as err:  # OSError: a library fails to load
         return Drift("missing", "", detail=f"{type(err).__name__}: {err}")
     if not reviewed:
         return Drift("unreviewed", digest)
