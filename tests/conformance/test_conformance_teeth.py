@@ -229,7 +229,7 @@ def emulated_npu() -> None:
         pytest.skip(reason)
 
 
-#: The whole suite on the emulated NPU (issue #13's CI run; about 150 s here).
+#: The whole suite on the emulated NPU (issue #13's CI run; about 300 s here).
 EMULATED = ["conformance", "--device", "npu", "--emulate"]
 
 
@@ -249,6 +249,7 @@ def summary_rows(output: str) -> Dict[str, List[str]]:
     return rows
 
 
+@pytest.mark.slow  # about 300 s; other stacks run the emulated quick suite from their wheel (scripts/check-wheel)
 def test_the_emulated_npu_run_passes_on_npu(emulated_npu: None, tmp_path: Path) -> None:
     """The whole suite on the emulated NPU: every check outside NOT_YET_ON_THE_EMULATOR passes every case (none may
     skip: the ADAM cases have their oracle since issue 28), the training checks ran on npu, and the per-kernel copy
