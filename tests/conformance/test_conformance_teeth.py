@@ -40,10 +40,12 @@ ROW_WISE, COLUMN_WISE = "test_case[ebc-row_wise-rowwise_adagrad]", "test_case[ec
 ENTRY_POINT = "test_entry_point_activated_the_plugin"
 
 
-def junit_outcomes(path: Path) -> Dict[str, str]:
-    """Test name -> ``passed``/``failed``/``skipped`` from a JUnit report."""
+def junit_outcomes(path: Path, check: str = "") -> Dict[str, str]:
+    """Test name -> ``passed``/``failed``/``skipped`` from a JUnit report (only ``check``'s tests, if given)."""
     outcomes = {}
     for case in ET.parse(path).iter("testcase"):
+        if check and case.get("classname") != f"test_{check}":
+            continue
         kinds = {child.tag for child in case}
         outcomes[case.get("name")] = (
             "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
@@ -116,13 +118,14 @@ OWN_FAULTS: Dict[str, Tuple[str, Set[str], Any]] = {
 
 @pytest.fixture(scope="module")
 def controls(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Dict[str, str]]:
-    """Each quick check run once without a fault: check -> its JUnit outcomes (all must pass)."""
-    out = {}
-    for check in sorted({check for check, _, _ in OWN_FAULTS.values()}):
-        status, output, outcomes = run_cli(["conformance", "--quick", "--only", check],
-                                           tmp_path_factory.mktemp(check), {})
-        assert status == 0 and set(outcomes.values()) == {"passed"}, output
-        out[check] = outcomes
+    """The quick checks the faults break, run once (one run) without a fault: check -> its JUnit outcomes (all
+    must pass)."""
+    checks = sorted({check for check, _, _ in OWN_FAULTS.values()})
+    folder = tmp_path_factory.mktemp("controls")
+    status, output, outcomes = run_cli(["conformance", "--quick", "--only", *checks], folder, {})
+    assert status == 0 and set(outcomes.values()) == {"passed"}, output
+    out = {check: junit_outcomes(folder / "junit.xml", check) for check in checks}
+    assert all(out.values()), f"a check ran no case: {out}"
     return out
 
 
