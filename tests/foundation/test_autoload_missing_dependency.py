@@ -169,7 +169,7 @@ def test_cuda_fbgemm_on_a_cpu_torch_is_named_with_the_swap_that_fixes_it(childre
     assert facts["error"] == f"OSError: {CUDA_FBGEMM_ERROR}"
     (note,) = facts["notes"]
     stack = next(s for s in versions.STACKS if torch.__version__.startswith(s.torch + "."))
-    assert "the CUDA build of fbgemm-gpu is installed next to a CPU torch" in note
+    assert "the CUDA build of fbgemm-gpu is installed on a machine without CUDA" in note
     swap = f'pip uninstall -y fbgemm-gpu fbgemm-gpu-cpu && pip install "fbgemm-gpu-cpu=={stack.fbgemm}"'
     assert note.endswith(f"fix: {swap}")
     assert "\n" not in note

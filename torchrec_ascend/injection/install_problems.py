@@ -2,8 +2,8 @@
 
 TorchRec is installed with ``--no-deps`` (its metadata pulls the CUDA ``fbgemm-gpu``), so three install mistakes are
 common and TorchRec's own error names none of their fixes: torchrec itself missing, one of TorchRec's dependencies
-missing (they come with our device extra), and the CUDA ``fbgemm-gpu`` next to a CPU torch (its library needs the
-CUDA runtime: ``OSError: libcudart.so...``). :func:`explain` turns each into one line; the import hook adds it to
+missing (they come with our device extra), and the CUDA ``fbgemm-gpu`` on a machine without CUDA (its library needs
+the CUDA runtime: ``OSError: libcudart.so...``). :func:`explain` turns each into one line; the import hook adds it to
 the exception as a note, and ``doctor`` prints it. Everything here is guarded: it runs while an import is failing.
 
 Example::
@@ -41,7 +41,7 @@ def explain(err: BaseException) -> Optional[str]:
             fbgemm = _stack_field("fbgemm")
             pin = f"=={fbgemm}" if fbgemm else ""
             return (
-                f"the CUDA build of fbgemm-gpu is installed next to a CPU torch and cannot load ({err}); fix: "
+                f"the CUDA build of fbgemm-gpu is installed on a machine without CUDA and cannot load ({err}); fix: "
                 f'pip uninstall -y fbgemm-gpu fbgemm-gpu-cpu && pip install "fbgemm-gpu-cpu{pin}"'
             )
         top = (getattr(err, "name", None) or "").split(".")[0] if isinstance(err, ModuleNotFoundError) else ""
@@ -78,7 +78,7 @@ def _cuda_fbgemm_on_cpu_torch() -> bool:
         return False
     import torch
 
-    return torch.version.cuda is None
+    return not torch.cuda.is_available()  # a CPU torch, or a CUDA torch on a machine without a GPU
 
 
 def _torch_minor() -> Optional[str]:
@@ -102,4 +102,4 @@ def _device_extra() -> str:
         return "npu"
     import torch
 
-    return "cuda" if torch.version.cuda is not None else "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
