@@ -37,7 +37,7 @@ def explain(err: BaseException) -> Optional[str]:
     try:
         if isinstance(err, ModuleNotFoundError) and (err.name or "").split(".")[0] == "torchrec":
             return f"torchrec is not installed; fix: {_torchrec_install()}"
-        if _from_fbgemm_gpu(err) and _cuda_fbgemm_on_cpu_torch():
+        if _from_fbgemm_gpu(err) and _cuda_fbgemm_without_cuda():
             fbgemm = _stack_field("fbgemm")
             pin = f"=={fbgemm}" if fbgemm else ""
             return (
@@ -71,7 +71,7 @@ def _from_fbgemm_gpu(err: BaseException) -> bool:
     return isinstance(err, (OSError, ImportError)) and any("/fbgemm_gpu/" in f.filename for f in frames)
 
 
-def _cuda_fbgemm_on_cpu_torch() -> bool:
+def _cuda_fbgemm_without_cuda() -> bool:
     try:
         importlib.metadata.version("fbgemm-gpu")
     except importlib.metadata.PackageNotFoundError:
