@@ -40,7 +40,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
-from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.model_parallel import DefaultDataParallelWrapper, DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
@@ -134,7 +134,12 @@ def shard_model(
         storage_reservation=FixedPercentageStorageReservation(percentage=0.15),
     )
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)
+    # DDP regroups its gradient buckets after the first step; with more than two ranks that changes the order the
+    # all-reduce sums in, so a job resumed from a checkpoint (whose first step uses the initial buckets) would drift
+    # from an uninterrupted one in the last bit. Buckets that are never regrouped keep a resume bit for bit.
+    fixed_buckets = DefaultDataParallelWrapper(static_graph=False, find_unused_parameters=True)
+    dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders,
+                                   data_parallel_wrapper=fixed_buckets)
     dense = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(dmp.named_parameters())),
         lambda params: torch.optim.AdamW(params, lr=args.dense_lr),
