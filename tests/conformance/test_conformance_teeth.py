@@ -232,47 +232,9 @@ def emulated_npu() -> None:
         pytest.skip(reason)
 
 
-#: The whole suite on the emulated NPU (issue #13's CI run; about 300 s here).
+#: The emulated NPU's runs here are quick and of a few checks; the whole suite runs on it in CI from the tr18 wheel
+#: (scripts/check-wheel, CHECK_WHEEL_FULL_EMULATED).
 EMULATED = ["conformance", "--device", "npu", "--emulate"]
-
-
-#: Checks that do not pass on the emulated NPU yet, and why (README, Devices). Every other check must pass there,
-#: and each of these must still fail: one that starts passing fails this test until it leaves the list.
-NOT_YET_ON_THE_EMULATOR: Dict[str, str] = {}
-
-
-def summary_rows(output: str) -> Dict[str, List[str]]:
-    """Check name -> its row of the summary table (cases, passed, failed, skipped, seconds, ran on)."""
-    table = output[output.index("conformance summary"):]
-    rows = {}
-    for line in table.splitlines():
-        fields = line.split()
-        if len(fields) == 7 and fields[1].isdigit() and fields[0][0].isalpha():  # not pytest's "== 28 passed in"
-            rows[fields[0]] = fields[1:]
-    return rows
-
-
-@pytest.mark.slow  # about 300 s; other stacks run the emulated quick suite from their wheel (scripts/check-wheel)
-def test_the_emulated_npu_run_passes_on_npu(emulated_npu: None, tmp_path: Path) -> None:
-    """The whole suite on the emulated NPU: every check outside NOT_YET_ON_THE_EMULATOR passes every case (none may
-    skip: the ADAM cases have their oracle since issue 28), the training checks ran on npu, and the per-kernel copy
-    and sync counts are printed (this is how CI runs the
-    accelerator path)."""
-    status, output, outcomes = run_cli(EMULATED, tmp_path, {})
-    rows = summary_rows(output)
-    for check, (cases, passed, failed, _skipped, _, _ran_on) in rows.items():
-        if check == "total":
-            continue
-        if check in NOT_YET_ON_THE_EMULATOR:
-            assert int(failed) > 0, f"{check} passes on the emulator now: remove it from NOT_YET_ON_THE_EMULATOR"
-        else:
-            assert failed == "0" and int(passed) == int(cases), f"{check} failed or skipped on npu:\n{output}"
-    for check in ("sharding", "hash_tables", "key_value", "pipeline"):
-        assert rows[check][-1] == "npu", f"{check} did not report npu residency: {rows[check]}"
-    assert status == (1 if NOT_YET_ON_THE_EMULATOR else 0), output
-    assert "copies and host syncs per training step on npu (emulated)" in output, output
-    for kernel in ("fused_hash", "key_value", "row_wise_input_dist", "index_dedup"):
-        assert any(line.startswith(kernel + " ") for line in output.splitlines()), f"no counts for {kernel}:\n{output}"
 
 
 #: Issue 31's faults together on the emulated NPU (each in another module): the quick checks that hold their cases,
