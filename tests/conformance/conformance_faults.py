@@ -63,6 +63,13 @@ A fault the emulated NPU's copy and sync counters see:
   forward (a per-step host sync on the compute thread); the kernel's sync budget (``harness.TRANSFER_BUDGET``,
   1 per call) fails the case.
 
+Faults of the KEY_VALUE kernel behind the hybrid pipeline (its compute-thread budget case):
+
+* ``prefetch_check_syncs``: the ID mapper checks that a lookup's IDs are the prefetched batch's by comparing them
+  on the device (``torch.equal``: a host sync per lookup on the compute thread) instead of by address and version.
+* ``prefetched_rows_unrecorded``: the rows a prefetch mapped are not recorded on the compute stream that reads and
+  drops them (``handed_to_this_stream`` does nothing).
+
 ``TORCHREC_ASCEND_TEST_FAULT`` may name several faults, comma-separated (of different modules).
 """
 
@@ -370,6 +377,18 @@ def _item_per_step_patch() -> None:
     HashFusedEmbeddingBag.forward = forward
 
 
+def _prefetch_check_syncs_patch() -> None:
+    from torchrec_ascend.kernels import id_mapper
+
+    id_mapper._same_tensor_data = lambda a, b: a is b or torch.equal(a, b)
+
+
+def _prefetched_rows_unrecorded_patch() -> None:
+    from torchrec_ascend.kernels import id_mapper
+
+    id_mapper.handed_to_this_stream = lambda tensor: tensor
+
+
 FAULTS = {
     "bucketize_off_by_one": _bucketize_off_by_one,
     "drop_update": _drop_update,
@@ -394,6 +413,9 @@ FAULTS = {
     "host_read_in_flight": _after_import("torchrec_ascend.sharders.hash_row_wise", _host_read_in_flight_patch),
     "item_per_step": _after_import("torchrec_ascend.kernels.fused", _item_per_step_patch),
     "cache_past_memory": _after_import("torchrec_ascend.kernels.key_value.kernel", _cache_past_memory_patch),
+    "prefetch_check_syncs": _after_import("torchrec_ascend.kernels.id_mapper", _prefetch_check_syncs_patch),
+    "prefetched_rows_unrecorded": _after_import("torchrec_ascend.kernels.id_mapper",
+                                                _prefetched_rows_unrecorded_patch),
 }
 for _name in os.environ[FAULT_ENV].split(","):
     FAULTS[_name]()

@@ -281,6 +281,7 @@ STREAM_FAULTS = {
     "stage_wait_missing": ("pipeline", "with nothing ordering the two"),
     "record_stream_missing": ("pipeline", "no record_stream"),
     "host_read_in_flight": ("hash_tables", "host read of a pinned buffer"),
+    "prefetched_rows_unrecorded": ("key_value", "no record_stream"),
 }
 
 
@@ -312,6 +313,20 @@ def test_a_cache_past_device_memory_fails_the_emulated_run(emulated_npu: None, f
     status, output, outcomes = run_cli(argv, tmp_path, env)
     assert status == 1 and "failed" in outcomes.values(), output
     assert "NPU out of memory. Tried to allocate" in output, output
+
+
+#: The KEY_VALUE case behind the hybrid pipeline whose compute thread is held to its copy and sync budget.
+COMPUTE_BUDGET_CASE = "test_case[pipeline-row_wise-rowwise_adagrad-32-3-96-8-compute_thread]"
+
+
+@pytest.mark.teeth
+def test_a_sync_on_the_compute_thread_behind_the_pipeline_fails_the_emulated_run(
+        emulated_npu: None, fault_site: Path, tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": "prefetch_check_syncs"}
+    status, output, outcomes = run_cli(EMULATED + ["--quick", "--only", "key_value"], tmp_path, env)
+    assert status == 1, output
+    assert {c for c, o in outcomes.items() if o != "passed"} == {COMPUTE_BUDGET_CASE}, output
+    assert "host<->device traffic over budget: pipeline_compute_thread: 1.00 syncs per call, budget 0" in output, output
 
 
 @pytest.mark.teeth

@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 #: Optimizers the scripts have an unsharded oracle for: script name -> fbgemm ``EmbOptimType`` name.
 SCRIPT_OPTIMIZERS = {"sgd": "EXACT_SGD", "adagrad": "EXACT_ADAGRAD", "rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD"}
@@ -62,6 +62,11 @@ KEY_VALUE_VARIANTS = {"ebc": ("mean", "weighted", "mixed_dims", "fp16", "int32",
 #: pin that outlives its batch fills the cache within a few batches (a CapacityError).
 PIN_RELEASE = {"cache_rows": 20, "host_kb": 8}
 PIN_RELEASE_DEPTHS, PIN_RELEASE_STEPS = (1, 2, 3, 12), 200
+#: KEY_VALUE behind the hybrid pipeline at depth 3, 2 ranks, with a cache that holds the batches in flight (a
+#: row-wise shard sees about 12 of a table's IDs a batch) and still evicts, so every batch is prefetched on a lane:
+#: what a step costs the compute thread is held to ``harness.TRANSFER_BUDGET["pipeline_compute_thread"]`` on the
+#: emulated NPU.
+COMPUTE_BUDGET = {"steps": 32, "depth": 3, "cache_rows": 96, "host_kb": 8, "budget": "compute_thread"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,6 +271,7 @@ def key_value_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
             and c.params["optimizer"] in SCRIPT_OPTIMIZERS]
     # load_factor=1.0: a cache of the shard's rows (plugin/key_value.py's tables hold 1024 rows) never swaps
     whole = [Case({**c.params, "cache_rows": 1024 // world_size}, {**c.expect, "whole_table": True}) for c in long[-1:]]
+    pins += _compute_budget_case(cases)
     if quick:
         return _quick(cases, (f"ebc-row_wise-adagrad-{steps}-64-8",)) + whole + pins
     if long:
@@ -276,21 +282,36 @@ def key_value_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     return cases + _variants(swapping, KEY_VALUE_VARIANTS) + pins
 
 
-def _pin_release_cases(cases: List[Case], quick: bool) -> List[Case]:
-    """KEY_VALUE behind the hybrid pipeline with a cache barely larger than one batch (:data:`PIN_RELEASE`), at
-    each of :data:`PIN_RELEASE_DEPTHS` (``quick``: depth 2, 40 batches), on the first runnable row-wise pooled case
-    (row-wise Adagrad preferred); ``expect["trained"]``: the batches that must train, ``expect["ranks"]``: 1 (the
-    check launches them on one rank)."""
+def _pipeline_optimizer(cases: List[Case]) -> Optional[str]:
+    """The optimizer of the first runnable row-wise pooled case (row-wise Adagrad preferred), None if none runs."""
     base = [c for c in cases if not c.skip and c.params["kind"] == "ebc" and c.params["sharding_type"] == "row_wise"]
     base.sort(key=lambda c: c.params["optimizer"] != "rowwise_adagrad")
-    if not base:
+    return base[0].params["optimizer"] if base else None
+
+
+def _pin_release_cases(cases: List[Case], quick: bool) -> List[Case]:
+    """KEY_VALUE behind the hybrid pipeline with a cache barely larger than one batch (:data:`PIN_RELEASE`), at
+    each of :data:`PIN_RELEASE_DEPTHS` (``quick``: depth 2, 40 batches), with :func:`_pipeline_optimizer`;
+    ``expect["trained"]``: the batches that must train, ``expect["ranks"]``: 1 (the check launches them on one
+    rank)."""
+    optimizer = _pipeline_optimizer(cases)
+    if optimizer is None:
         return []
     depths, steps = ((2,), 40) if quick else (PIN_RELEASE_DEPTHS, PIN_RELEASE_STEPS)
     return [
-        Case({"kind": "pipeline", "sharding_type": "row_wise", "optimizer": base[0].params["optimizer"],
-              "steps": steps, "depth": depth, **PIN_RELEASE}, {"trained": steps, "ranks": 1})
+        Case({"kind": "pipeline", "sharding_type": "row_wise", "optimizer": optimizer, "steps": steps,
+              "depth": depth, **PIN_RELEASE}, {"trained": steps, "ranks": 1})
         for depth in depths
     ]
+
+
+def _compute_budget_case(cases: List[Case]) -> List[Case]:
+    """KEY_VALUE behind the hybrid pipeline on every rank, :data:`COMPUTE_BUDGET` (quick runs too)."""
+    optimizer = _pipeline_optimizer(cases)
+    if optimizer is None:
+        return []
+    return [Case({"kind": "pipeline", "sharding_type": "row_wise", "optimizer": optimizer, **COMPUTE_BUDGET},
+                 {"trained": COMPUTE_BUDGET["steps"]})]
 
 
 def pipeline_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:

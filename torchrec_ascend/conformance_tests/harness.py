@@ -50,6 +50,9 @@ REQUIRED_PARTS = ("parameters", "outputs")
 #:   TorchRec's all-to-all inside it moves: ``length_per_key`` down, its split tensors up (one per input tensor
 #:   plus the stride, or with VBE the per-rank strides).
 #: * Dedup: the IDs down; distinct IDs, lengths, reverse indices and weights up.
+#: * ``pipeline_compute_thread``: not a part but a training step of KEY_VALUE tables behind
+#:   ``HybridTrainPipelineSparseDist`` once it is full, counted on the caller's (compute) thread only: ID mapping,
+#:   swap planning and swap-in run on the pipeline's lanes, so compute pays at most 2 up, 1 down and no host sync.
 TRANSFER_BUDGET = {
     "fused_hash": {"d2h": (1, 0), "syncs": (1, 0), "h2d": (1, 2)},
     "fused_hash_vbe": {"d2h": (1, 0), "syncs": (1, 0), "h2d": (5, 2)},
@@ -58,6 +61,7 @@ TRANSFER_BUDGET = {
     "row_wise_input_dist": {"d2h": (2, 0), "syncs": (2, 0), "h2d": (5, 0)},
     "row_wise_input_dist_vbe": {"d2h": (2, 0), "syncs": (2, 0), "h2d": (6, 0)},
     "index_dedup": {"d2h": (1, 0), "syncs": (1, 0), "h2d": (4, 0)},
+    "pipeline_compute_thread": {"d2h": (1, 0), "syncs": (0, 0), "h2d": (2, 0)},
 }
 
 

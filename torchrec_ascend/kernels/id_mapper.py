@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -57,10 +58,39 @@ def _joined(parts: List[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts) if parts else empty
 
 
+def _same_tensor_data(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``b`` views exactly ``a``'s elements, unchanged, without reading them (no host sync on a device).
+
+    Sound while ``a`` is alive: its memory cannot go to another tensor, so an equal address, layout and dtype is
+    the same memory, and the version counter (shared by every view of a storage) says nothing wrote it since.
+    """
+    return (a is b) or (
+        a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+        and a._version == b._version
+    )
+
+
+def handed_to_this_stream(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, made on another stream (a prefetch lane's), recorded on the current one, which reads it and then
+    drops it: without the record the allocator could hand its memory to that stream's next allocation under this
+    stream's pending reads (the emulated npu's stream check found it)."""
+    if _has_streams(tensor.device):
+        tensor.record_stream(torch.accelerator.current_stream(tensor.device))
+    return tensor
+
+
 def _has_streams(device: torch.device) -> bool:
     """Whether ``device`` is the accelerator (work on it runs on streams)."""
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     return accelerator is not None and accelerator.type == device.type
+
+@dataclasses.dataclass
+class Pins:
+    """A batch's pinned slots per table, and per table whether it read the reserved row."""
+
+    slots: List[torch.Tensor]
+    default_used: List[bool]
+
 
 class IdMapper:
     """Raw IDs -> pool rows for one kernel, with prefetch and pins.
@@ -98,7 +128,9 @@ class IdMapper:
         # Prefetched batches by their IDs tensor (kept alive, so its address stays unique): (ids, rows, pinned slots);
         # rows and pins None: the batch could not be prefetched and is mapped at its lookup (and so is every later one).
         self._prefetched: "collections.OrderedDict[Tuple[int, int], Tuple[Any, Any, Any]]" = collections.OrderedDict()
-        self._in_compute: List[torch.Tensor] = []  # pinned slots of the batch between its lookup and the next
+        # The batch between its lookup and the next: its pinned slots, and per table whether it read the reserved row
+        # (its backward may move that row; the next lookup writes it back). At first every reserved row is written.
+        self._in_compute = Pins([], [True] * len(slot_tables))
         self._prefetching = False  # set by the first prefetch: from then on lookups pin their batch's rows
         self._rows_lock = threading.Lock()  # prefetch (a host thread) and lookup (the compute thread) both map IDs
         # Recorded on the compute stream by each pipelined lookup, after the rows it released and wrote: a prefetch
@@ -152,13 +184,13 @@ class IdMapper:
             return self.map_now(features)
         values = features.values()
         with self._rows_lock:
-            self._release(self._in_compute)  # the previous batch's backward is done: its rows may go
-            self._in_compute = []
+            done, self._in_compute = self._in_compute, Pins([], [])
+            self._release(done)  # the previous batch's backward is done: its rows may go
             ready = self._prefetched.pop((values.data_ptr(), values.numel()), None)
-            self._rewrite_default_rows()
-            if ready is not None and ready[1] is not None and (ready[0] is values or torch.equal(ready[0], values)):
+            self._rewrite_default_rows(done.default_used)
+            if ready is not None and ready[1] is not None and _same_tensor_data(ready[0], values):
                 self.prefetched_batches += 1
-                mapped, self._in_compute = with_values(features, ready[1]), ready[2]
+                mapped, self._in_compute = with_values(features, handed_to_this_stream(ready[1])), ready[2]
             else:
                 if ready is not None and ready[2] is not None:
                     self._release(ready[2])
@@ -173,15 +205,18 @@ class IdMapper:
     def map_now(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``features`` with raw IDs replaced by rows chosen now (nothing pinned); the values on their device."""
         values = features.values()
-        self._rewrite_default_rows()
+        self._rewrite_default_rows([True] * len(self._slot_tables))
         return with_values(features, self.map_on_host(with_values(features, to_host(values)), values.device)[0])
 
-    def _rewrite_default_rows(self) -> None:
-        """Rewrite each table's reserved row (the previous backward may have moved it) on the compute stream, before
-        the lookup reads it. Only the compute stream writes it: a prefetch on a host lane would race the lookup of
-        the batch before (the emulated npu's stream check caught it at pipeline depth 2 and 3)."""
-        for t in range(len(self._slot_tables)):
-            self._pool.write_default_row(t)
+    def _rewrite_default_rows(self, moved: List[bool]) -> None:
+        """Rewrite the reserved row of each table whose row the previous batch read (its backward may have moved it;
+        no other batch trains it) on the compute stream, before the lookup reads it. Only the compute stream writes
+        it: a prefetch on a host lane would race the lookup of the batch before (the emulated npu's stream check
+        caught it at pipeline depth 2 and 3). Left alone when unread, it is not written beside the lanes' writes of
+        other rows of the pool, which the stream check (per allocation, not per row) would report."""
+        for t, write in enumerate(moved):
+            if write:
+                self._pool.write_default_row(t)
 
     def map_on_host(self, on_host: KeyedJaggedTensor, device: torch.device) -> Tuple[torch.Tensor, KeyedJaggedTensor]:
         """Map ``on_host`` (a batch's raw IDs on the host): its rows on ``device`` (one host-to-device copy), and
@@ -231,15 +266,17 @@ class IdMapper:
         per_feature = torch.split(features.values(), features.length_per_key())
         return [torch.cat([per_feature[i] for i in features] or [_EMPTY]) for features in self._features_of]
 
-    def _pin(self, mapped: KeyedJaggedTensor) -> List[torch.Tensor]:
+    def _pin(self, mapped: KeyedJaggedTensor) -> "Pins":
         """Pin the rows of ``mapped`` (slots on the host, per feature) until :meth:`_release`."""
-        pinned = []
+        pinned = Pins([], [])
         for table, slots in zip(self._slot_tables, self.ids_per_table(mapped)):
-            slots = torch.unique(slots[slots != table.default_slot])
+            own = slots != table.default_slot
+            slots = torch.unique(slots[own])
             table.pin(slots)
-            pinned.append(slots)
+            pinned.slots.append(slots)
+            pinned.default_used.append(not bool(own.all()))
         return pinned
 
-    def _release(self, pinned: List[torch.Tensor]) -> None:
-        for table, slots in zip(self._slot_tables, pinned):
+    def _release(self, pinned: "Pins") -> None:
+        for table, slots in zip(self._slot_tables, pinned.slots):
             table.pin(slots, -1)

@@ -95,9 +95,15 @@ def prefetch(
 
     def one(pair: Any) -> None:
         (module, name), module_ctx = pair
-        module.prefetch(
-            dist_input=context.module_input_post_prefetch[name], forward_stream=forward_stream, ctx=module_ctx
-        )
+        dist_input = context.module_input_post_prefetch[name]
+        if forward_stream is not None:
+            # As TorchRec's prefetch pipeline: the input and the context were made on the lanes' streams and are
+            # used, then freed, by compute; recorded here, the allocator does not hand their memory to a lane's
+            # stream while work of this stream or compute's may still read it.
+            for stream in (torch.accelerator.current_stream(), forward_stream):
+                dist_input.record_stream(stream)
+                module_ctx.record_stream(stream)
+        module.prefetch(dist_input=dist_input, forward_stream=forward_stream, ctx=module_ctx)
 
     workers.map(one, list(zip(zip(modules, names), module_ctxs)))
     for name, module_ctx in zip(names, module_ctxs):

@@ -11,7 +11,9 @@ size per feature, ``stride_per_key_per_rank``), ``"empty_rank"`` (the last rank'
 ``{"kind": "pipeline", ..., "depth": D}`` instead trains a ranker (hash EBC and a linear head) whose KEY_VALUE copy
 runs behind ``HybridTrainPipelineSparseDist`` at depth ``D`` (rows swapped in ahead on a host thread, each batch's
 rows pinned while it is in flight) against the FUSED copy in a plain loop; it also reports ``trained``, the batches
-the pipeline trained (a pin never released ends the run early with a CapacityError).
+the pipeline trained (a pin never released ends the run early with a CapacityError), and with
+``"budget": "compute_thread"`` what each step after the first ``D`` cost the compute thread on the emulated NPU
+(``transfers["pipeline_compute_thread"]``).
 Reported: the largest forward difference over all steps and the largest final row difference (both must be exactly
 0), and the cache counters (evictions, rows swapped out and in, rows on disk) so a case that never swapped cannot
 pass unnoticed. Both models and their batches live on the suite's device (the host and disk tiers on the host, by
@@ -20,6 +22,7 @@ design); ``residency`` says where the KEY_VALUE model's parameters, optimizer st
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import tempfile
 from typing import Any, Dict, List
@@ -36,7 +39,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, max_row_diff, rows_of, sharded_rows
-from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency
+from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, counted_on_this_thread, main, residency
 from torchrec_ascend.kernels.key_value import cache_metrics
 
 DIM = 8
@@ -165,10 +168,14 @@ def run_pipeline_case(case: Dict[str, Any], pg: Any, directory: str) -> Dict[str
         fused_opt.step()
     pipeline = HybridTrainPipelineSparseDist(cached, cached_opt, device, pipe_n_batch=case["depth"])
     batches = iter([ranker_batch(step, pg.rank()) for step in range(case["steps"])])  # the pipeline copies them
-    outputs = []
+    outputs: List[torch.Tensor] = []
+    transfers: Dict[str, Dict[str, int]] = {}
     while True:
+        # Once the pipeline is full, what each step costs the compute thread (on the emulated NPU).
+        counted = case.get("budget") == "compute_thread" and len(outputs) >= case["depth"]
         try:
-            outputs.append(pipeline.progress(batches))
+            with counted_on_this_thread("pipeline_compute_thread", transfers) if counted else contextlib.nullcontext():
+                outputs.append(pipeline.progress(batches))
         except StopIteration:
             break
     pipeline.detach()
@@ -186,6 +193,7 @@ def run_pipeline_case(case: Dict[str, Any], pg: Any, directory: str) -> Dict[str
         "kernels": len(kernels),
         **{k: sum(m[k] for m in metrics.values()) for k in ("evicted", "swapped_out", "swapped_in", "disk_rows")},
         "residency": where,
+        "transfers": transfers,
     }
 
 

@@ -19,6 +19,7 @@ import functools
 import shutil
 import sys
 import tempfile
+import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 
 import torch
@@ -126,6 +127,29 @@ def count_transfers(*models: torch.nn.Module) -> Dict[str, Dict[str, int]]:
             "row_wise_input_dist", HashRwSparseFeaturesDist.forward, method=True
         )
     return totals
+
+
+@contextlib.contextmanager
+def counted_on_this_thread(part: str, transfers: Dict[str, Dict[str, int]]) -> Iterator[None]:
+    """On the emulated NPU, add this thread's copies and host syncs in the block to ``transfers[part]`` as one
+    step (a block that raises adds nothing); elsewhere nothing. Other threads' work (a pipeline's lanes) is left out.
+
+    Example::
+
+        with counted_on_this_thread("pipeline_compute_thread", transfers):
+            pipeline.progress(batches)
+    """
+    emulator = sys.modules.get("torchrec_ascend.testing.emulated_npu")
+    if emulator is None or not emulator.is_installed():
+        yield
+        return
+    with emulator.measure() as block:
+        yield
+    spent = block.threads.get(threading.get_native_id(), emulator.Counts())
+    row = transfers.setdefault(part, {**dict.fromkeys(TRANSFER_KEYS, 0), "tables": 1})
+    row["steps"] += 1
+    for key in TRANSFER_KEYS[1:]:
+        row[key] += getattr(spent, key)
 
 
 def _variable_batch(args: Any, kwargs: Any) -> bool:
