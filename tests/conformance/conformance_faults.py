@@ -253,12 +253,13 @@ def _fresh_state_key_value_patch() -> None:
 
 
 def _pins_kept_patch() -> None:
-    from torchrec_ascend.kernels.id_mapper import IdMapper
+    from torchrec_ascend.kernels.id_mapper import IdMapper, Pins
 
     original = IdMapper.lookup
 
     def lookup(self: Any, features: Any) -> Any:
-        self._in_compute = []  # the previous batch's pins are forgotten, never released
+        # the previous batch's pins are forgotten, never released (whether it read the reserved row is kept)
+        self._in_compute = Pins([], self._in_compute.default_used)
         return original(self, features)
 
     IdMapper.lookup = lookup
