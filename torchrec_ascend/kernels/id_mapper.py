@@ -84,6 +84,7 @@ def _has_streams(device: torch.device) -> bool:
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     return accelerator is not None and accelerator.type == device.type
 
+
 @dataclasses.dataclass
 class Pins:
     """A batch's pinned slots per table, and per table whether it read the reserved row."""
@@ -266,7 +267,7 @@ class IdMapper:
         per_feature = torch.split(features.values(), features.length_per_key())
         return [torch.cat([per_feature[i] for i in features] or [_EMPTY]) for features in self._features_of]
 
-    def _pin(self, mapped: KeyedJaggedTensor) -> "Pins":
+    def _pin(self, mapped: KeyedJaggedTensor) -> Pins:
         """Pin the rows of ``mapped`` (slots on the host, per feature) until :meth:`_release`."""
         pinned = Pins([], [])
         for table, slots in zip(self._slot_tables, self.ids_per_table(mapped)):
@@ -277,6 +278,6 @@ class IdMapper:
             pinned.default_used.append(not bool(own.all()))
         return pinned
 
-    def _release(self, pinned: "Pins") -> None:
+    def _release(self, pinned: Pins) -> None:
         for table, slots in zip(self._slot_tables, pinned.slots):
             table.pin(slots, -1)
