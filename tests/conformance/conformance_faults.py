@@ -70,6 +70,11 @@ Faults of the KEY_VALUE kernel behind the hybrid pipeline (its compute-thread bu
 * ``prefetched_rows_unrecorded``: the rows a prefetch mapped are not recorded on the compute stream that reads and
   drops them (``handed_to_this_stream`` does nothing).
 
+A fault of the FUSED hash kernel behind the hybrid pipeline (its compute-budget case):
+
+* ``fused_not_prefetched``: sharded lookups prefetch only cached kernels again (stock TorchRec's rule), so FUSED hash
+  tables map their IDs on the compute thread (``hooks/hash_tables.py``'s prefetch patch finds no FUSED kernel).
+
 ``TORCHREC_ASCEND_TEST_FAULT`` may name several faults, comma-separated (of different modules).
 """
 
@@ -390,6 +395,12 @@ def _prefetched_rows_unrecorded_patch() -> None:
     id_mapper.handed_to_this_stream = lambda tensor: tensor
 
 
+def _fused_not_prefetched_patch() -> None:
+    from torchrec_ascend.adapters import lookups
+
+    lookups.kernels_with_features = lambda lookup, features: iter(())
+
+
 FAULTS = {
     "bucketize_off_by_one": _bucketize_off_by_one,
     "drop_update": _drop_update,
@@ -417,6 +428,7 @@ FAULTS = {
     "prefetch_check_syncs": _after_import("torchrec_ascend.kernels.id_mapper", _prefetch_check_syncs_patch),
     "prefetched_rows_unrecorded": _after_import("torchrec_ascend.kernels.id_mapper",
                                                 _prefetched_rows_unrecorded_patch),
+    "fused_not_prefetched": _after_import("torchrec_ascend.adapters.lookups", _fused_not_prefetched_patch),
 }
 for _name in os.environ[FAULT_ENV].split(","):
     FAULTS[_name]()

@@ -13,7 +13,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator, Tuple
 
 import torch
 
@@ -30,10 +30,13 @@ ADAPTER = Adapter(
         "torchrec.distributed.embedding:ShardedEmbeddingCollection._lookups",
         f"{_LOOKUP}:GroupedPooledEmbeddingsLookup._emb_modules",
         f"{_LOOKUP}:GroupedEmbeddingsLookup._emb_modules",
+        f"{_LOOKUP}:GroupedPooledEmbeddingsLookup._feature_splits",
+        f"{_LOOKUP}:GroupedEmbeddingsLookup._feature_splits",
+        f"{_LOOKUP}:GroupedEmbeddingsLookup._need_prefetch",
     ),
     requires=TORCHREC,
     reason="hash and KEY_VALUE kernels are found inside a sharded model for their metrics, checkpoints and "
-    "pipeline depth: sharded modules hide their lookups from named_modules()",
+    "pipeline depth, and prefetched by hash FUSED kernels: sharded modules hide their lookups from named_modules()",
 )
 
 
@@ -42,3 +45,14 @@ def kernels_of(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
     for lookup in getattr(module, "_lookups", None) or []:
         lookup = getattr(lookup, "module", lookup)  # DistributedDataParallel wraps data_parallel lookups
         yield from getattr(lookup, "_emb_modules", None) or []
+
+
+def kernels_with_features(lookup: Any, features: Any) -> Iterator[Tuple[torch.nn.Module, Any]]:
+    """Each kernel of one lookup with its part of ``features`` (a KJT), split as the lookup's forward splits it."""
+    kernels = lookup._emb_modules
+    return zip(kernels, features.split(lookup._feature_splits) if kernels else [])
+
+
+def prefetches_every_kernel(lookup: torch.nn.Module) -> bool:
+    """Whether a sequence lookup's own ``prefetch`` reaches all its kernels (it does once one table is cached)."""
+    return bool(getattr(lookup, "_need_prefetch", False))

@@ -64,8 +64,9 @@ PIN_RELEASE = {"cache_rows": 20, "host_kb": 8}
 PIN_RELEASE_DEPTHS, PIN_RELEASE_STEPS = (1, 2, 3, 12), 200
 #: KEY_VALUE behind the hybrid pipeline at depth 3, 2 ranks, with a cache that holds the batches in flight (a
 #: row-wise shard sees about 12 of a table's IDs a batch) and still evicts, so every batch is prefetched on a lane:
-#: what a step costs the compute thread is held to ``harness.TRANSFER_BUDGET["pipeline_compute_thread"]`` on the
-#: emulated NPU.
+#: what a step costs the compute thread is held to ``harness.TRANSFER_BUDGET["key_value_pipeline_compute_thread"]``
+#: on the emulated NPU. The same run with FUSED hash tables behind the pipeline (``"kernel": "fused"``, no cache) is
+#: held to ``fused_hash_pipeline_compute_thread``: their IDs are mapped on the lanes too.
 COMPUTE_BUDGET = {"steps": 32, "depth": 3, "cache_rows": 96, "host_kb": 8, "budget": "compute_thread"}
 
 
@@ -306,12 +307,14 @@ def _pin_release_cases(cases: List[Case], quick: bool) -> List[Case]:
 
 
 def _compute_budget_case(cases: List[Case]) -> List[Case]:
-    """KEY_VALUE behind the hybrid pipeline on every rank, :data:`COMPUTE_BUDGET` (quick runs too)."""
+    """KEY_VALUE, then FUSED, behind the hybrid pipeline on every rank, :data:`COMPUTE_BUDGET` (quick runs too)."""
     optimizer = _pipeline_optimizer(cases)
     if optimizer is None:
         return []
-    return [Case({"kind": "pipeline", "sharding_type": "row_wise", "optimizer": optimizer, **COMPUTE_BUDGET},
-                 {"trained": COMPUTE_BUDGET["steps"]})]
+    key_value = {"kind": "pipeline", "sharding_type": "row_wise", "optimizer": optimizer, **COMPUTE_BUDGET}
+    fused = {k: v for k, v in key_value.items() if k not in ("cache_rows", "host_kb")}
+    return [Case(key_value, {"trained": COMPUTE_BUDGET["steps"]}),
+            Case({**fused, "kernel": "fused"}, {"trained": COMPUTE_BUDGET["steps"], "prefetched": "every batch"})]
 
 
 def pipeline_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:

@@ -50,9 +50,11 @@ REQUIRED_PARTS = ("parameters", "outputs")
 #:   TorchRec's all-to-all inside it moves: ``length_per_key`` down, its split tensors up (one per input tensor
 #:   plus the stride, or with VBE the per-rank strides).
 #: * Dedup: the IDs down; distinct IDs, lengths, reverse indices and weights up.
-#: * ``pipeline_compute_thread``: not a part but a training step of KEY_VALUE tables behind
+#: * ``key_value_pipeline_compute_thread``: not a part but a training step of KEY_VALUE tables behind
 #:   ``HybridTrainPipelineSparseDist`` once it is full, counted on the caller's (compute) thread only: ID mapping,
 #:   swap planning and swap-in run on the pipeline's lanes, so compute pays at most 2 up, 1 down and no host sync.
+#:   ``fused_hash_pipeline_compute_thread``: the same for FUSED hash tables (their IDs are mapped on the lanes too):
+#:   at most 1 up, nothing down, no host sync.
 TRANSFER_BUDGET = {
     "fused_hash": {"d2h": (1, 0), "syncs": (1, 0), "h2d": (1, 2)},
     "fused_hash_vbe": {"d2h": (1, 0), "syncs": (1, 0), "h2d": (5, 2)},
@@ -61,7 +63,8 @@ TRANSFER_BUDGET = {
     "row_wise_input_dist": {"d2h": (2, 0), "syncs": (2, 0), "h2d": (5, 0)},
     "row_wise_input_dist_vbe": {"d2h": (2, 0), "syncs": (2, 0), "h2d": (6, 0)},
     "index_dedup": {"d2h": (1, 0), "syncs": (1, 0), "h2d": (4, 0)},
-    "pipeline_compute_thread": {"d2h": (1, 0), "syncs": (0, 0), "h2d": (2, 0)},
+    "key_value_pipeline_compute_thread": {"d2h": (1, 0), "syncs": (0, 0), "h2d": (2, 0)},
+    "fused_hash_pipeline_compute_thread": {"d2h": (0, 0), "syncs": (0, 0), "h2d": (1, 0)},
 }
 
 

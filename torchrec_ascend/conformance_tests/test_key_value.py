@@ -5,7 +5,9 @@ with 64 cache rows per shard and 8 KiB of host memory; every step's output and e
 equal, and the cache must really have swapped (the long case must also have spilled rows to disk). The pin-release
 cases (launched on one rank) run the KEY_VALUE copy behind ``HybridTrainPipelineSparseDist`` at several depths with
 a cache barely larger than one batch's rows, for 200 batches, against FUSED in a plain loop: every batch must train
-(the rows a batch pins are released after its backward) and the result must still be bit for bit.
+(the rows a batch pins are released after its backward) and the result must still be bit for bit. The compute-budget
+cases run KEY_VALUE, then FUSED hash tables, behind the pipeline on every rank (FUSED: every batch's IDs mapped on a
+lane, bit for bit with the plain loop).
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ def test_case(case: Case, request: Any) -> None:
     r = result_of(request, "run_one_rank" if case.expect.get("ranks") == 1 else "run", case)
     assert r["fwd_err"] == 0.0, f"KEY_VALUE forward differs from FUSED by {r['fwd_err']}: not bit for bit"
     assert r["row_err"] == 0.0, f"KEY_VALUE final rows differ from FUSED by {r['row_err']}: not bit for bit"
+    if case.expect.get("prefetched"):  # FUSED behind the pipeline: every lookup found its rows mapped on a lane
+        assert (r["trained"], r["prefetched"]) == (case.expect["trained"], r["kernels"] * r["trained"]), (
+            f"FUSED behind the pipeline: {r['prefetched']} of {r['kernels']} kernels x {r['trained']} batches were "
+            "prefetched")
+        return
     if case.expect.get("whole_table"):  # load_factor=1.0 holds the whole shard
         assert r["evicted"] == 0 and r["disk_rows"] == 0, (
             f"a cache of the whole shard evicted {r['evicted']} rows ({r['disk_rows']} on disk)")

@@ -7,6 +7,8 @@
   hash-placement input dist, and sharding types a hash table cannot use are refused with the table's name.
 * The planner never proposes those sharding types for a hash table.
 * ``EmbeddingCollectionSharder(use_index_dedup=True)`` dedups per table (exact for raw IDs, and on CPU).
+* Sharded lookups prefetch FUSED hash kernels too (stock prefetches only cached kernels), so a prefetching pipeline
+  maps their IDs on its host lane, not on the compute thread.
 * A sharded FUSED hash table's ``state_dict()`` carries ``weight_id`` (the ID of every weight row), which stock
   loading restores (see :mod:`torchrec_ascend.checkpoint.stock`).
 """
@@ -224,6 +226,30 @@ def _exact_index_dedup(original: Callable[..., Any]) -> Callable[..., Any]:
     return _dedup_indices
 
 
+def _prefetch_fused_hash(sequence: bool) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def wrap(original: Callable[..., None]) -> Callable[..., None]:
+        def prefetch(self: Any, sparse_features: Any, forward_stream: Any = None) -> None:
+            original(self, sparse_features, forward_stream)
+            from torchrec_ascend.adapters.lookups import kernels_with_features, prefetches_every_kernel
+            from torchrec_ascend.kernels.fused import HashFusedEmbedding, HashFusedEmbeddingBag
+
+            if sequence and prefetches_every_kernel(self):
+                return  # the stock prefetch reached every kernel, FUSED ones included
+            for kernel, features in kernels_with_features(self, sparse_features):
+                if isinstance(kernel, (HashFusedEmbeddingBag, HashFusedEmbedding)):
+                    # TorchRec's own call (routed to the kernel's ID mapper; VBE batches are mapped at the lookup)
+                    kernel.emb_module.prefetch(
+                        indices=features.values(), offsets=features.offsets(), forward_stream=forward_stream,
+                        batch_size_per_feature_per_rank=(features.stride_per_key_per_rank()
+                                                         if features.variable_stride_per_key() else None),
+                    )
+
+        return prefetch
+
+    return wrap
+
+
+_LOOKUP = "torchrec.distributed.embedding_lookup"
 _EBC = "torchrec.distributed.embeddingbag:ShardedEmbeddingBagCollection"
 _EC = "torchrec.distributed.embedding:ShardedEmbeddingCollection"
 _ENUMERATOR = "torchrec.distributed.planner.enumerators:EmbeddingEnumerator"
@@ -305,6 +331,20 @@ PATCHES = [
         requires=TORCHREC,
         reason="stock loading must restore weight_id, skip unsharded ID maps and KEY_VALUE rows (kept in tiers)",
         wrapper=_pre_load,
+    ),
+    Patch.wrap(
+        name="hash.ebc_fused_prefetch",
+        target=f"{_LOOKUP}:GroupedPooledEmbeddingsLookup.prefetch",
+        requires=TORCHREC,
+        reason="a prefetching pipeline must map a FUSED hash table's IDs on its lane (stock prefetches cached kernels)",
+        wrapper=_prefetch_fused_hash(sequence=False),
+    ),
+    Patch.wrap(
+        name="hash.ec_fused_prefetch",
+        target=f"{_LOOKUP}:GroupedEmbeddingsLookup.prefetch",
+        requires=TORCHREC,
+        reason="a prefetching pipeline must map a FUSED hash table's IDs on its lane (stock prefetches cached kernels)",
+        wrapper=_prefetch_fused_hash(sequence=True),
     ),
     Patch.wrap(
         name="hash.planner_tables",

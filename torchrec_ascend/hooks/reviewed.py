@@ -296,5 +296,19 @@ REVIEWED = {
             "1.8.0": "5caf3031ba435697",
             "1.9.2": "5caf3031ba435697"
         }
+    },
+    "hash.ebc_fused_prefetch": {
+        "target": "torchrec.distributed.embedding_lookup:GroupedPooledEmbeddingsLookup.prefetch",
+        "digests": {
+            "1.8.0": "3b477c1c6815b8f2",
+            "1.9.2": "3b477c1c6815b8f2"
+        }
+    },
+    "hash.ec_fused_prefetch": {
+        "target": "torchrec.distributed.embedding_lookup:GroupedEmbeddingsLookup.prefetch",
+        "digests": {
+            "1.8.0": "2aac4f4d9dd76b3f",
+            "1.9.2": "2aac4f4d9dd76b3f"
+        }
     }
 }

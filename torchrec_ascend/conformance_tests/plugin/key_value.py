@@ -13,7 +13,8 @@ runs behind ``HybridTrainPipelineSparseDist`` at depth ``D`` (rows swapped in ah
 rows pinned while it is in flight) against the FUSED copy in a plain loop; it also reports ``trained``, the batches
 the pipeline trained (a pin never released ends the run early with a CapacityError), and with
 ``"budget": "compute_thread"`` what each step after the first ``D`` cost the compute thread on the emulated NPU
-(``transfers["pipeline_compute_thread"]``).
+(``transfers["key_value_pipeline_compute_thread"]``). With ``"kernel": "fused"`` the pipelined copy is FUSED too
+(the same budget for FUSED hash tables: ``transfers["fused_hash_pipeline_compute_thread"]``).
 Reported: the largest forward difference over all steps and the largest final row difference (both must be exactly
 0), and the cache counters (evictions, rows swapped out and in, rows on disk) so a case that never swapped cannot
 pass unnoticed. Both models and their batches live on the suite's device (the host and disk tiers on the host, by
@@ -143,16 +144,18 @@ def ranker_batch(step: int, rank: int) -> Any:
 
 
 def run_pipeline_case(case: Dict[str, Any], pg: Any, directory: str) -> Dict[str, Any]:
-    """KEY_VALUE behind HybridTrainPipelineSparseDist (rows swapped in ahead, on a host thread) vs FUSED in a loop."""
+    """KEY_VALUE (or FUSED, ``"kernel": "fused"``) behind HybridTrainPipelineSparseDist (IDs mapped and rows swapped
+    in ahead, on a host thread) vs FUSED in a loop."""
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
+    from torchrec_ascend.kernels.fused import HashRows
     from torchrec_ascend.kernels.walk import sharded_kernels
     from torchrec_ascend.pipeline import HybridTrainPipelineSparseDist
 
+    kernel = case.get("kernel", "key_value")
     models = []
-    for key_value in (False, True):
+    for key_value in (False, kernel == "key_value"):
         model = Ranker()
         cls, kwargs = OPTIMIZERS[case["optimizer"]]
         apply_optimizer_in_backward(cls, [b.weight for b in model.ebc.embedding_bags.values()], dict(kwargs))
@@ -170,11 +173,12 @@ def run_pipeline_case(case: Dict[str, Any], pg: Any, directory: str) -> Dict[str
     batches = iter([ranker_batch(step, pg.rank()) for step in range(case["steps"])])  # the pipeline copies them
     outputs: List[torch.Tensor] = []
     transfers: Dict[str, Dict[str, int]] = {}
+    part = f"{'fused_hash' if kernel == 'fused' else 'key_value'}_pipeline_compute_thread"
     while True:
         # Once the pipeline is full, what each step costs the compute thread (on the emulated NPU).
         counted = case.get("budget") == "compute_thread" and len(outputs) >= case["depth"]
         try:
-            with counted_on_this_thread("pipeline_compute_thread", transfers) if counted else contextlib.nullcontext():
+            with counted_on_this_thread(part, transfers) if counted else contextlib.nullcontext():
                 outputs.append(pipeline.progress(batches))
         except StopIteration:
             break
@@ -183,7 +187,7 @@ def run_pipeline_case(case: Dict[str, Any], pg: Any, directory: str) -> Dict[str
                                                                 cached.module.head.parameters()))
     where = residency(parameters=cached, optimizer=[cached.fused_optimizer, cached_opt], inputs=[],
                       outputs=outputs)
-    kernels = [k for k in sharded_kernels(cached) if isinstance(k, KeyValueRows)]
+    kernels = [k for k in sharded_kernels(cached) if isinstance(k, HashRows)]
     metrics = cache_metrics(cached)
     return {
         "fwd_err": dense_err,

@@ -136,7 +136,7 @@ def counted_on_this_thread(part: str, transfers: Dict[str, Dict[str, int]]) -> I
 
     Example::
 
-        with counted_on_this_thread("pipeline_compute_thread", transfers):
+        with counted_on_this_thread("key_value_pipeline_compute_thread", transfers):
             pipeline.progress(batches)
     """
     emulator = sys.modules.get("torchrec_ascend.testing.emulated_npu")
