@@ -4,10 +4,13 @@ Run with torchrun through ``conformance_tests/emulated_run.py`` (``tests/emulato
 case is ``{"kernel": "fused"|"key_value", "sharding_type": ..., "optimizer": ..., "rows": N, "dim": D,
 "cache_rows": R, "steps": S}``: the KEY_VALUE conformance model (``conformance_tests/plugin/key_value.py``: two hash
 tables, EBC) with ``N`` rows of dim ``D`` per table, planned by TorchRec's planner on the emulated npu and trained
-``S`` steps. Reported per rank: ``estimate``, the HBM bytes the plan gives the rank's shards (weights, optimizer
-state, cache, pipeline buffers: TorchRec's storage estimate through our hooks), and ``peak``, the emulator's
-``torch.npu.max_memory_allocated()`` above what the rank held before sharding. ``{"kernel": ..., "hbm_cap": B}``
-instead only plans, on a Topology of ``B`` bytes of HBM per device, and reports the planner's error.
+``S`` steps (the planner is told the batch size, and assumes its default pooling factor). Reported per rank
+(``per_rank``: ``(estimate, after_shard, peak)``): ``estimate``, the HBM bytes the plan gives the rank's shards
+(weights, optimizer state, cache, a batch's swap staging, pipeline buffers: TorchRec's storage estimate through our
+hooks), ``after_shard``, the bytes held once sharded, and ``peak``, the emulator's
+``torch.npu.max_memory_allocated()`` above what the rank held before sharding; and ``swapped_out``, per rank, the
+rows the KEY_VALUE caches evicted (0 for FUSED). ``{"kernel": ..., "hbm_cap": B}`` instead only plans, on a Topology
+of ``B`` bytes of HBM per device, and reports the planner's error.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS
 from torchrec_ascend.conformance_tests.plugin.key_value import BATCH, make_batch
 from torchrec_ascend.conformance_tests.plugin.runner import main
+from torchrec_ascend.kernels.key_value import cache_metrics
 
 TABLES = ("user", "item")
 
@@ -80,11 +84,14 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
             batch = make_batch(step, rank, world=pg.size()).to(device)
             dmp(batch).values().sum().backward()
         peak = torch.npu.max_memory_allocated(device) - base
+        swapped_out = sum(table["swapped_out"] for table in cache_metrics(dmp).values())
         del dmp, module
         gc.collect()
     gathered: list = [None] * pg.size()
     dist.all_gather_object(gathered, (estimate, after_shard, peak), group=pg)
-    return {"per_rank": gathered}
+    swaps: list = [None] * pg.size()
+    dist.all_gather_object(swaps, swapped_out, group=pg)
+    return {"per_rank": gathered, "swapped_out": swaps}
 
 
 if __name__ == "__main__":

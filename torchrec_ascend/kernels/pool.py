@@ -25,6 +25,22 @@ from torchrec_ascend.hash.slot_table import Assignment
 from torchrec_ascend.kernels.transfers import to_device, to_host
 from torchrec_ascend.native import ops
 
+PACKED_ELEMENT_BYTES = 4  # packed rows are float32 whatever the table's dtype (FP16 rows travel exactly)
+SLOT_BYTES = 8  # a slot (pool row index) on the device: int64
+
+
+def swap_bytes(rows: int, row_width: int) -> int:
+    """Device bytes a move of ``rows`` rows of ``row_width`` elements (:meth:`Pool.row_width`) holds at its peak: in
+    :meth:`Pool.pack`, their slots, each part gathered from the weights and states (float32), and the parts'
+    concatenation, all live before the device-to-host copy; :meth:`Pool.unpack` holds less (the slots and one packed
+    copy). Freed when the move returns. The planner counts it per KEY_VALUE shard (``hooks/planner_storage.py``).
+
+    Example::
+
+        swap_bytes(16, 16)   # 16 x 8 + 2 x 16 x 16 x 4 = 2176: 16 rows of dim 8 with Adagrad's state
+    """
+    return rows * SLOT_BYTES + 2 * rows * row_width * PACKED_ELEMENT_BYTES
+
 
 class Pool:
     """The rows of one kernel's tables on its device; ``t`` is a table's index within the kernel.
