@@ -3,7 +3,7 @@
 // folder and registers them in its own TORCH_LIBRARY_IMPL block.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <tuple>

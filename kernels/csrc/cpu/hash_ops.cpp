@@ -1,6 +1,9 @@
 // CPU kernels of the stateless hash ops on ID batches: hash_unique (dedup in first-occurrence order), hash_rank and
 // hash_bucketize (row-wise placement by mix64(id) % world_size) and hash_uniform_init (per-ID deterministic rows).
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/from_blob.h>
 
 #include <algorithm>
 #include <cmath>

@@ -4,6 +4,7 @@
 // bucket layout: new IDs of a call take slots in order of first occurrence, freed slots first (most recently freed
 // first), then fresh slots in increasing order.
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include <algorithm>
 #include <vector>

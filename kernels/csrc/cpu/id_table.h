@@ -2,7 +2,7 @@
 // serves both), backward-shift deletion so no tombstones ever accumulate.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 

@@ -8,6 +8,8 @@
 // * fingerprint_*: the disk tier's index. A bucket is a uint64 (passed as int64) whose top `fingerprint_bits` are a
 //   fingerprint of the key's hash and whose low bits locate its record; the caller hashes, and verifies candidates
 //   against the records. Home bucket: fingerprint * size >> fingerprint_bits.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>

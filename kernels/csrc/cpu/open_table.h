@@ -6,7 +6,7 @@
 // than max_load of its buckets, so the table never holds a second copy of more than one partition.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <sys/mman.h>
 #include <unistd.h>
 

@@ -5,6 +5,7 @@
 // a pread each: queue depth 1). So every record's pages are announced first with posix_fadvise(WILLNEED), which queues
 // their reads without waiting; the disk serves them in parallel, and the preads that follow mostly copy from the page
 // cache. The advice is a hint: its failures are ignored, the preads report real ones.
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <unistd.h>
