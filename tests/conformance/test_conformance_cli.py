@@ -7,6 +7,7 @@ a script that ran on another device than the one under test.
 from __future__ import annotations
 
 import argparse
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,21 @@ def test_real_npu_without_torch_npu_says_how_to_get_it(capsys: Any) -> None:
     err = capsys.readouterr().err
     assert "no npu device here" in err and "pip install torchrec-ascend[npu]" in err, err
     assert "--device npu --emulate" in err, err
+
+
+def test_case_runs_only_the_named_cases(tmp_path: Path, capsys: Any) -> None:
+    junit = tmp_path / "junit.xml"
+    argv = ["conformance", "--only", "policies", "--policy", "lru", "--policy", "lfu", "--case", "lfu",
+            "--junit", str(junit)]
+    assert cli_main(argv) == 0, capsys.readouterr().out
+    assert [case.get("name") for case in ET.parse(junit).iter("testcase")] == ["test_contract[lfu]"]
+    assert cli.pytest_args(parse("--case", "a", "--case", "b"))[-2:] == ["--conformance-case=a",
+                                                                         "--conformance-case=b"]
+
+
+def test_an_unknown_case_exits_2_naming_the_ids_there(capsys: Any) -> None:
+    argv = ["conformance", "--only", "policies", "--policy", "lru", "--case", "lfu"]
+    assert cli_main(argv) == cli.USAGE_ERROR
+    output = capsys.readouterr()
+    assert "--case lfu: no case of the checks run has this id" in output.out + output.err
+    assert "The ids here: lru" in output.out + output.err

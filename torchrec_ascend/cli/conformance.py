@@ -15,6 +15,7 @@ Example::
     $ torchrec-ascend conformance --device npu --emulate
     $ torchrec-ascend conformance --device npu --emulate --emulate-memory 1073741824
     $ torchrec-ascend conformance --quick --junit conformance.xml
+    $ torchrec-ascend conformance --only key_value --case ebc-row_wise-adagrad-12-64-8
     $ torchrec-ascend conformance --only policies --policy my_policy --policy 'ttl={"ttl_steps": 3}'
 """
 
@@ -92,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the suite; return pytest's exit status (0: every case passed or was skipped with a reason)."""
     try:
         suite = SuiteConfig(device=args.device, world_size=args.world_size, policies=tuple(args.policy),
-                            quick=args.quick, emulate=args.emulate, emulate_memory=args.emulate_memory)
+                            quick=args.quick, emulate=args.emulate, emulate_memory=args.emulate_memory,
+                            cases=tuple(args.case))
         absent = suite.absent_reason()  # an unknown device stops here, listing the known ones
     except TorchRecAscendError as err:
         print(f"torchrec-ascend conformance: {err}", file=sys.stderr)
@@ -106,4 +108,5 @@ def run(args: argparse.Namespace) -> int:
         print("torchrec-ascend conformance runs on pytest and hypothesis: pip install 'torchrec-ascend[conformance]'",
               file=sys.stderr)
         return USAGE_ERROR
-    return int(pytest.main(pytest_args(args)))
+    status = pytest.main(pytest_args(args))
+    return USAGE_ERROR if status == pytest.ExitCode.USAGE_ERROR else int(status)

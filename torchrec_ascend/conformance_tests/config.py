@@ -37,7 +37,11 @@ OPTIONS = {
                                                   "npu; refused where torch_npu is installed)"),
     "--conformance-emulate-memory": ("--emulate-memory", 0, "device memory of each emulated npu in bytes, with "
                                                             "--emulate; 0: the npu profile's HBM"),
+    "--conformance-case": ("--case", (), "run only the case with this id, the part in brackets of its test name "
+                                         "(test_case[ID]); repeatable; default: every case of the checks run"),
 }
+#: Metavariables of the repeatable options.
+METAVARS = {"--policy": "NAME[=JSON]", "--case": "ID"}
 #: The device the emulator presents (``--emulate``).
 EMULATED_DEVICE = "npu"
 
@@ -54,7 +58,7 @@ def add_options(add: Callable[..., Any], cli: bool) -> None:
         if isinstance(default, bool):
             add(name, action="store_true", default=False, help=help_text)
         elif isinstance(default, tuple):
-            add(name, action="append", default=[], metavar="NAME[=JSON]", help=help_text)
+            add(name, action="append", default=[], metavar=METAVARS[flag], help=help_text)
         else:
             add(name, type=type(default), default=default, help=f"{help_text} (default {default})")
 
@@ -71,6 +75,8 @@ class SuiteConfig:
         emulate (bool): run on ``torchrec_ascend.testing``'s emulated NPU instead of Ascend hardware.
         emulate_memory (int): bytes of device memory per emulated npu (``--emulate`` only; 0: the npu profile's
             HBM, the emulator's default); an allocation past it fails the case with the OOM torch_npu raises.
+        cases (Tuple[str, ...]): run only the cases with these ids (:attr:`Case.id`); empty: every case. The
+            suite's pytest plugin refuses an id no collected test carries.
 
     Raises:
         ConfigError: ``world_size`` below 1, a malformed policy spec, ``emulate`` with a device other than ``npu``,
@@ -89,6 +95,7 @@ class SuiteConfig:
     quick: bool = False
     emulate: bool = False
     emulate_memory: int = 0
+    cases: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -130,6 +137,7 @@ class SuiteConfig:
             quick=value["conformance_quick"],
             emulate=value["conformance_emulate"],
             emulate_memory=value["conformance_emulate_memory"],
+            cases=tuple(value["conformance_case"] or ()),
         )
 
     @functools.cached_property
@@ -168,7 +176,7 @@ class SuiteConfig:
 
         Args:
             script: a multi-process script taking ``--cases`` and ``--out`` (see ``launch.py``).
-            cases: the check's cases; skipped ones are not sent.
+            cases: the check's cases; skipped ones and those :attr:`cases` leaves out are not sent.
             world_size: ranks; default :attr:`world_size`.
             timeout: seconds before the launch counts as hung.
 
@@ -179,7 +187,7 @@ class SuiteConfig:
             LaunchError: the launch failed, hung, wrote no results, returned a different number of results, or ran
                 on another device than :attr:`device` (a script that does not read ``DEVICE_ENV`` yet).
         """
-        runnable = [c for c in cases if not c.skip]
+        runnable = [c for c in cases if not c.skip and (not self.cases or c.id in self.cases)]
         from torchrec_ascend import backends
 
         # The ranks select the backend under test (automatic selection would not pick the emulated npu).

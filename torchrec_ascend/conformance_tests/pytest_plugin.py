@@ -11,6 +11,9 @@ Without ``-p`` the suite's ``conftest.py`` loads this plugin while collecting, t
 the defaults (cpu, 2 ranks, every installed policy, full). The plugin is inert in sessions that collect no
 conformance check: the table only counts tests of this package.
 
+``--conformance-case ID`` (the CLI's ``--case``) keeps only the suite's tests of that parameter id, such as a failed
+case to run again; an id no collected test carries is refused, naming the ids there are.
+
 A run that checked nothing exits non-zero (:data:`NOTHING_CHECKED`) saying so: every case skipped, or the device
 under test is absent, so the checks that train on it skipped.
 """
@@ -18,7 +21,7 @@ under test is absent, so the checks that train on it skipped.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Optional
 
 import pytest
 
@@ -98,6 +101,29 @@ class _Summary:
         why = self.nothing_checked(suite)
         if why:
             terminalreporter.write_line(f"FAILED: {why} (exit status {NOTHING_CHECKED})", red=True)
+
+
+def _case_id(item: Any) -> Optional[str]:
+    """The parameter id of a suite test (``ID`` of ``test_case[ID]``), ``None`` for a test of no parameter."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.id if callspec is not None else None
+
+
+def pytest_collection_modifyitems(config: Any, items: List[Any]) -> None:
+    wanted = set(SuiteConfig.from_pytest(config).cases)
+    if not wanted:
+        return
+    ours = [item for item in items if PACKAGE_DIR in Path(str(item.path)).parents]
+    unknown = wanted - {_case_id(item) for item in ours}
+    if unknown:
+        known = sorted({str(_case_id(item)) for item in ours if _case_id(item) is not None})
+        raise pytest.UsageError(
+            f"--case {', '.join(sorted(unknown))}: no case of the checks run has this id (ids are the part in "
+            f"brackets of the test names; a quick run has fewer cases). The ids here: {', '.join(known)}"
+        )
+    dropped = [item for item in ours if _case_id(item) not in wanted]
+    config.hook.pytest_deselected(items=dropped)
+    items[:] = [item for item in items if item not in dropped]
 
 
 def pytest_addoption(parser: Any) -> None:
