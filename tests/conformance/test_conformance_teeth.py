@@ -7,10 +7,10 @@ eviction, the KEY_VALUE swap of optimizer state, the Saver, the dedup reverse in
 in FUSED and KEY_VALUE, the pins of the batch in compute, the IDs an incremental save removes, KEY_VALUE tables and
 their policy state in stock ``state_dict()``, a FUSED hash table's prefetch, the size of a ``load_factor=1.0``
 cache, the refusal of a sharding type hash tables do not support, the policy step of a batch; each again on the
-emulated NPU, run on the cases it must fail alone with ``--case``), and on the emulated NPU only a dropped host-to-
-device copy and the stream-order check's faults: a missing stage wait, a missing ``record_stream``, a host read of
-an in-flight copy. The same command without the fault is the control: it must pass, so the failures come from the
-fault; each fault must fail the cases that exercise the broken part, the check named. Broken policy:
+emulated NPU, run on the cases it must fail alone with ``--case``), and on the emulated NPU only a dropped
+host-to-device copy and the stream-order check's faults: a missing stage wait, a missing ``record_stream``, a host
+read of an in-flight copy. The same command without the fault is the control: it must pass, so the failures come
+from the fault; each fault must fail the cases that exercise the broken part, the check named. Broken policy:
 ``broken_policy_plugin.py`` is registered in-process and checked with ``--policy`` next to a healthy one. Oracle:
 exit status and the JUnit report, case by case.
 """
