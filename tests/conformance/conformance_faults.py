@@ -36,6 +36,10 @@ Faults in torchrec-ascend's own parts:
   caches and policies start over).
 * ``double_policy_step``: a hash table's slot table takes two policy steps per training batch (as one stepping
   once per feature of a two-feature table would).
+* ``young_not_protected``: the eviction cadence picks victims by the policy's order alone (``min_residency`` no
+  longer protects young rows).
+* ``cadence_every_step``: every step is a bulk-eviction step (``interval`` ignored): expired rows and the headroom
+  go at every batch.
 * ``hash_sharding_unchecked``: hash tables accept table_row_wise like the sharding types they support (the planner
   may propose it, a hand-written plan is not refused).
 * ``whole_shard_short``: a KEY_VALUE cache of ``CacheParams(load_factor=1.0)`` is sized as one of 1/16 (fewer rows
@@ -308,6 +312,24 @@ def _double_policy_step_patch() -> None:
     SlotTable.assign = assign
 
 
+def _young_not_protected_patch() -> None:
+    from torchrec_ascend.policies.cadence import EvictionCadence
+
+    original = EvictionCadence.select
+
+    def select(self: Any, policy: Any, num: int, evictable: Any, step: int) -> Any:
+        self.inserted_step.fill_(-(1 << 40))  # every row as old as can be: none is young
+        return original(self, policy, num, evictable, step)
+
+    EvictionCadence.select = select
+
+
+def _cadence_every_step_patch() -> None:
+    from torchrec_ascend.policies.cadence import EvictionCadence
+
+    EvictionCadence.due = lambda self, step: True
+
+
 def _hash_sharding_unchecked_patch() -> None:
     from torchrec_ascend import sharders
 
@@ -418,6 +440,8 @@ FAULTS = {
                                                _kv_state_dict_placeholder_patch),
     "policy_state_dropped": _after_import("torchrec_ascend.checkpoint.policy_state", _policy_state_dropped_patch),
     "double_policy_step": _after_import("torchrec_ascend.hash.slot_table", _double_policy_step_patch),
+    "young_not_protected": _after_import("torchrec_ascend.policies.cadence", _young_not_protected_patch),
+    "cadence_every_step": _after_import("torchrec_ascend.policies.cadence", _cadence_every_step_patch),
     "hash_sharding_unchecked": _after_import("torchrec_ascend.sharders", _hash_sharding_unchecked_patch),
     "whole_shard_short": _after_import("torchrec_ascend.kernels.key_value.kernel", _whole_shard_short_patch),
     "stage_wait_missing": _after_import("torchrec_ascend.pipeline.streams", _stage_wait_missing_patch),

@@ -6,13 +6,13 @@ bucketization, one fused optimizer update) or torchrec-ascend's own parts (the h
 eviction, the KEY_VALUE swap of optimizer state, the Saver, the dedup reverse index, a reused row's optimizer state
 in FUSED and KEY_VALUE, the pins of the batch in compute, the IDs an incremental save removes, KEY_VALUE tables and
 their policy state in stock ``state_dict()``, a FUSED hash table's prefetch, the size of a ``load_factor=1.0``
-cache, the refusal of a sharding type hash tables do not support, the policy step of a batch; each again on the
-emulated NPU, run on the cases it must fail alone with ``--case``), and on the emulated NPU only a dropped
-host-to-device copy and the stream-order check's faults: a missing stage wait, a missing ``record_stream``, a host
-read of an in-flight copy. The same command without the fault is the control: it must pass, so the failures come
-from the fault; each fault must fail the cases that exercise the broken part, the check named. Broken policy:
-``broken_policy_plugin.py`` is registered in-process and checked with ``--policy`` next to a healthy one. Oracle:
-exit status and the JUnit report, case by case.
+cache, the eviction cadence's protection of young rows and its interval, the refusal of a sharding type hash tables
+do not support, the policy step of a batch; each again on the emulated NPU, run on the cases it must fail alone with
+``--case``), and on the emulated NPU only a dropped host-to-device copy and the stream-order check's faults: a
+missing stage wait, a missing ``record_stream``, a host read of an in-flight copy. The same command without the
+fault is the control: it must pass, so the failures come from the fault; each fault must fail the cases that
+exercise the broken part, the check named. Broken policy: ``broken_policy_plugin.py`` is registered in-process and
+checked with ``--policy`` next to a healthy one. Oracle: exit status and the JUnit report, case by case.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ def run_cli(args: List[str], tmp_path: Path, env: Dict[str, str]) -> Tuple[int, 
 #: fault -> (check run quick, the cases it must fail, a phrase of the failure, or phrases one of which must show).
 #: Every other case must pass.
 REUSED_ROW = "test_case[reused_row-ebc-row_wise-{}-rowwise_adagrad]"
+CADENCE = "test_case[cadence-ebc-table_wise-{}]"
 PINNED = "test_case[pipeline-row_wise-rowwise_adagrad-40-2-20-8]"  # also bit for bit against FUSED
 #: KEY_VALUE behind the pipeline on 2 ranks, bit for bit against FUSED; on the emulated NPU its compute thread is
 #: held to a copy and sync budget.
@@ -122,6 +123,11 @@ OWN_FAULTS: Dict[str, Tuple[str, Set[str], Any]] = {
                              ("were prefetched", "fused_hash_pipeline_compute_thread: 2.00 d2h per call, budget 0")),
     "double_policy_step": ("hash_tables", {"test_case[policy_steps-ebc-unsharded-fused]",
                                            "test_case[policy_steps-ebc-row_wise-fused]"}, "one step per batch"),
+    # eviction_cadence: min_residency and interval
+    "young_not_protected": ("hash_tables", {CADENCE.format("fused"), CADENCE.format("key_value")},
+                            "while mature ones"),
+    "cadence_every_step": ("hash_tables", {CADENCE.format("fused"), CADENCE.format("key_value")},
+                           "the rules ask for"),
     "hash_sharding_unchecked": ("errors", {"test_case[unsupported_sharding-table_row_wise-by_hand]"},
                                 "expected a ConfigError, got no error"),
 }

@@ -209,14 +209,14 @@ def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     cases = _grid(profile, world_size, HASH_SHARDING_TYPES, lambda *_: {})
     runnable = [c for c in cases if not c.skip and c.params["optimizer"] == "rowwise_adagrad"]
     dedup = [Case({**c.params, "dedup": "index_dedup"}, c.expect) for c in runnable if c.params["kind"] == "ec"]
-    reused = reused_row_cases(profile)
+    promises = reused_row_cases(profile) + cadence_cases(profile)
     steps = policy_step_cases(profile)
     if quick:
         return (_quick(cases, ("ebc-row_wise-rowwise_adagrad",))
-                + _quick(dedup, ("ec-row_wise-rowwise_adagrad-index_dedup",)) + reused + steps[:2])
+                + _quick(dedup, ("ec-row_wise-rowwise_adagrad-index_dedup",)) + promises + steps[:2])
     state_dict = [Case({**c.params, "state_dict": c.params["sharding_type"]}) for c in runnable
                   if c.params["kind"] == "ebc"]
-    return cases + dedup + state_dict + _variants(cases, HASH_VARIANTS) + reused + steps
+    return cases + dedup + state_dict + _variants(cases, HASH_VARIANTS) + promises + steps
 
 
 def policy_step_cases(profile: Any) -> List[Case]:
@@ -232,6 +232,22 @@ def policy_step_cases(profile: Any) -> List[Case]:
     kernels = [k for k in ("fused", "key_value") if k in profile.compute_kernels]
     return [Case({"promise": "policy_steps", "kind": "ebc", "sharding_type": st, "kernel": kernel})
             for st, kernel in [("unsharded", "fused"), *((st, k) for k in kernels for st in types)]]
+
+
+def cadence_cases(profile: Any) -> List[Case]:
+    """``eviction_cadence`` decides when a pool evicts, how much and which rows it protects
+    (``plugin/cadence.py``): one table_wise case per hash kernel the device offers (FUSED, KEY_VALUE); in quick runs
+    too.
+
+    Example::
+
+        [c.id for c in cadence_cases(profile_for("cpu"))]
+        # ['cadence-ebc-table_wise-fused', 'cadence-ebc-table_wise-key_value']
+    """
+    kernels = [k for k in ("fused", "key_value") if k in profile.compute_kernels]
+    why = "" if "table_wise" in profile.sharding_types else f"{profile.device_type} offers no table_wise sharding"
+    return [Case({"promise": "cadence", "kind": "ebc", "sharding_type": "table_wise", "kernel": kernel}, skip=why)
+            for kernel in kernels]
 
 
 def reused_row_cases(profile: Any) -> List[Case]:

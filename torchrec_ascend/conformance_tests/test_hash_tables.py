@@ -5,7 +5,9 @@ the FUSED kernel; also ``use_index_dedup`` and stock ``state_dict()`` round trip
 collection on the global batch, and a plain-Python ``ID -> row`` model with the same deterministic initialisation
 and the optimizer written out. The ``reused_row`` cases: an ID that takes over an evicted ID's row (FUSED and
 KEY_VALUE, row-wise Adagrad) trains exactly as a brand-new row in plain Python. The ``policy_steps`` cases: a
-table read by two features takes one policy step per batch (oracle: the batches trained).
+table read by two features takes one policy step per batch (oracle: the batches trained). The ``cadence`` cases:
+a pool evicts when, how much and what ``eviction_cadence`` says (oracle: its rules written out in plain Python,
+checked batch by batch).
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ def test_case(case: Case, request: Any) -> None:
         assert r["steps"] and not wrong, (
             f"after {r['batches']} batches the tables' policies took {wrong} steps (per shard): a table read by "
             "several features must take one step per batch")
+        return
+    if case.params.get("promise") == "cadence":  # when a pool evicts, how much, which rows it protects
+        assert not r["violations"], "eviction_cadence broken: " + "; ".join(r["violations"])
+        shown = ("bulk_beyond_need", "expired_beyond_headroom", "forced", "protected")
+        assert r["checked"] > 0 and all(r[k] > 0 for k in shown), (
+            "the trace did not exercise every cadence rule (each count must be positive): "
+            + ", ".join(f"{k}={r[k]}" for k in shown))
         return
     if "state_dict" in case.params:  # state_dict() and the fused optimizer's through DCP, into the same plan
         assert not r["load_error"], r["load_error"]
