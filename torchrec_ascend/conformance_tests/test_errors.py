@@ -6,21 +6,28 @@ misspelled eviction policy names the table and suggests the closest, a KEY_VALUE
 names the table, a sharding type hash tables do not support (table_row_wise: the planner finds no option; a plan
 written by hand is refused naming the table), a row_wise hash table sharing a module with a row_wise plain one.
 In the suite's own process: an unknown device backend lists the valid names and suggests the closest; an unknown
-policy or policy option lists the known ones and suggests the closest.
+policy or policy option lists the known ones and suggests the closest; and every row of the README's catalogue of bad
+inputs (``errors/catalogue.py``: configs, constraints, IDs, batches, policies, plugins, devices, versions,
+checkpoints, disks, data; sharded rows on a one-rank gloo group) raises its documented exception naming what is
+wrong (``--quick``: the first row of each area).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, Iterator, List
 
 import pytest
+import torch.distributed as dist
 
 from torchrec_ascend.conformance_tests.cases import Case, error_cases
 from torchrec_ascend.conformance_tests.config import SuiteConfig
+from torchrec_ascend.conformance_tests.errors.catalogue import CATALOGUE, BadInput, message_of
 from torchrec_ascend.conformance_tests.harness import result_of, script_check
 from torchrec_ascend.errors import ConfigError
 
@@ -32,7 +39,42 @@ def cases_of(suite: SuiteConfig) -> List[Case]:
     return error_cases(suite.profile, suite.quick)
 
 
-pytest_generate_tests, run = script_check(SCRIPT, cases_of, world_size=1)
+_cases_of_script, run = script_check(SCRIPT, cases_of, world_size=1)
+#: Catalogue rows that only hold where their precondition does: row kind -> why the row cannot raise otherwise.
+PRECONDITIONS = {"npu_without_torch_npu": lambda: importlib.util.find_spec("torch_npu") is not None
+                 and "torch_npu is installed here"}
+
+
+def catalogue_rows(suite: SuiteConfig) -> List[BadInput]:
+    """Every catalogue row, or in quick runs the first of each area."""
+    if not suite.quick:
+        return list(CATALOGUE)
+    firsts: Dict[str, BadInput] = {}
+    for row in CATALOGUE:
+        firsts.setdefault(row.area, row)
+    return list(firsts.values())
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    _cases_of_script(metafunc)
+    if "row" in metafunc.fixturenames:
+        rows = catalogue_rows(SuiteConfig.from_pytest(metafunc.config))
+        metafunc.parametrize("row", rows, ids=[f"{row.area}-{row.kind}" for row in rows])
+
+
+@pytest.fixture(scope="module")
+def one_rank_group() -> Iterator[None]:
+    """A gloo group of this process alone (the default group), for the catalogue rows that shard a model."""
+    if dist.is_initialized():  # the suite runs inside a process that has one
+        yield
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "store"), 1), rank=0,
+                                world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
 
 
 def test_case(case: Case, request: Any) -> None:
@@ -79,3 +121,11 @@ def test_unknown_policy_option_suggests_the_closest() -> None:
         create_eviction_policy(entry.name, capacity=8, **{option + "x": 1})
     message = str(err.value)
     assert repr(entry.name) in message and f"did you mean {option!r}" in message, message
+
+
+def test_catalogue(row: BadInput, one_rank_group: None, tmp_path: Path) -> None:
+    why_not = PRECONDITIONS.get(row.kind, lambda: "")()
+    if why_not:
+        pytest.skip(f"{row.input} cannot happen here: {why_not}")
+    message = message_of(row, tmp_path)
+    assert row.fragment in message, f"{row.input}: the {row.raises.__name__} does not say {row.fragment!r}: {message!r}"
