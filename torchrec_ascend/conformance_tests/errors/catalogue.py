@@ -77,8 +77,10 @@ def _bad_inputs_case(**case: Any) -> Callable[[Path], Any]:
     return trigger
 
 
-def _sharded(constraints: Dict[str, Dict[str, Any]], tables: Optional[List[Any]] = None) -> Callable[[Path], Any]:
-    """Shard an EmbeddingBagCollection (default: hash tables ``user`` and ``item``) with these constraints."""
+def _sharded(constraints: Dict[str, Dict[str, Any]], tables: Optional[List[Any]] = None,
+             fused_params: Optional[Dict[str, Any]] = None) -> Callable[[Path], Any]:
+    """Shard an EmbeddingBagCollection (default: hash tables ``user`` and ``item``) with these constraints (and the
+    sharders' ``fused_params``)."""
 
     def trigger(scratch: Path) -> None:
         import torch.distributed as dist
@@ -94,9 +96,22 @@ def _sharded(constraints: Dict[str, Dict[str, Any]], tables: Optional[List[Any]]
         planner = EmbeddingShardingPlanner(
             topology=Topology(world_size=1, compute_device="cpu"),
             constraints={name: ParameterConstraints(**c) for name, c in constraints.items()})
-        sharders = get_default_hybrid_sharders()
+        sharders = get_default_hybrid_sharders(fused_params=fused_params)
         DistributedModelParallel(module, env=ShardingEnv.from_process_group(dist.group.WORLD),
                                  device=torch.device("cpu"), plan=planner.plan(module, sharders), sharders=sharders)
+
+    return trigger
+
+
+def _adam(**options: Any) -> Callable[[Path], Any]:
+    """Shard hash table ``user`` FUSED with fused ADAM and these ``fused_params``."""
+
+    def trigger(scratch: Path) -> None:
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+        fused_params = {"optimizer": EmbOptimType.ADAM, "learning_rate": 0.01, **options}
+        _sharded({"user": {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]}}, tables=[_config()],
+                 fused_params=fused_params)(scratch)
 
     return trigger
 
@@ -361,6 +376,11 @@ CATALOGUE: List[BadInput] = [
     BadInput("configs", "init_range", "`weight_init_min=1.0, weight_init_max=0.0`", ConfigError,
              "weight_init_min (1.0) must be below weight_init_max (0.0)",
              lambda _: _config(weight_init_min=1.0, weight_init_max=0.0)),
+    BadInput("configs", "adam_beta_out_of_range", '`fused_params={"optimizer": EmbOptimType.ADAM, "beta1": 1.0}`',
+             ConfigError, "tables [user] (ADAM): beta1=1.0 must be in [0, 1)", _adam(beta1=1.0), group=True),
+    BadInput("configs", "adam_gradient_clipping", '`fused_params={"optimizer": EmbOptimType.ADAM, '
+             '"gradient_clipping": True}`', ConfigError, "gradient_clipping and use_rowwise_bias_correction are not "
+             "supported", _adam(gradient_clipping=True), group=True),
     BadInput("configs", "pipeline_depth", "`HybridTrainPipelineSparseDist(..., pipe_n_batch=0)`", ConfigError,
              "pipe_n_batch=0 is invalid", _pipeline(pipe_n_batch=0)),
     BadInput("configs", "host_threads", "`HybridTrainPipelineSparseDist(..., host_threads=0)`", ConfigError,
