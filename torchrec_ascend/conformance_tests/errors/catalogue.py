@@ -83,24 +83,31 @@ def _sharded(constraints: Dict[str, Dict[str, Any]], tables: Optional[List[Any]]
     sharders' ``fused_params``)."""
 
     def trigger(scratch: Path) -> None:
-        import torch.distributed as dist
-        import torchrec
-        from torchrec.distributed.model_parallel import DistributedModelParallel
-        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-        from torchrec.distributed.types import ShardingEnv
-
-        from torchrec_ascend import get_default_hybrid_sharders
-
-        module = torchrec.EmbeddingBagCollection(tables=tables or [
-            _config(name=name, feature_names=[f"f_{name}"]) for name in ("user", "item")])
-        planner = EmbeddingShardingPlanner(
-            topology=Topology(world_size=1, compute_device="cpu"),
-            constraints={name: ParameterConstraints(**c) for name, c in constraints.items()})
-        sharders = get_default_hybrid_sharders(fused_params=fused_params)
-        DistributedModelParallel(module, env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                 device=torch.device("cpu"), plan=planner.plan(module, sharders), sharders=sharders)
+        _shard(constraints, tables, fused_params)
 
     return trigger
+
+
+def _shard(constraints: Dict[str, Dict[str, Any]], tables: Optional[List[Any]] = None,
+           fused_params: Optional[Dict[str, Any]] = None) -> Any:
+    """The DistributedModelParallel of :func:`_sharded`, on the default (one-rank) group."""
+    import torch.distributed as dist
+    import torchrec
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import ShardingEnv
+
+    from torchrec_ascend import get_default_hybrid_sharders
+
+    module = torchrec.EmbeddingBagCollection(tables=tables or [
+        _config(name=name, feature_names=[f"f_{name}"]) for name in ("user", "item")])
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=1, compute_device="cpu"),
+        constraints={name: ParameterConstraints(**c) for name, c in constraints.items()})
+    sharders = get_default_hybrid_sharders(fused_params=fused_params)
+    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                    device=torch.device("cpu"), plan=planner.plan(module, sharders),
+                                    sharders=sharders)
 
 
 def _adam(**options: Any) -> Callable[[Path], Any]:
@@ -319,6 +326,32 @@ def _key_value(scratch: Path, load_factor: float = 0.5, disk: Optional[Path] = N
              tables=[_config()])(scratch)
 
 
+def _flipped_segment(scratch: Path) -> None:
+    """Spill rows of a KEY_VALUE table to its disk tier, flip bytes of the first record, read the rows back."""
+    from torchrec.distributed.types import CacheParams, KeyValueParams
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    disk = scratch / "disk"
+    model = _shard({"user": {"sharding_types": ["table_wise"], "compute_kernels": ["key_value"],
+                             "cache_params": CacheParams(load_factor=0.25),
+                             "key_value_params": KeyValueParams(l2_cache_size=1e-6, ssd_storage_directory=str(disk))}},
+                   tables=[_config()])
+
+    def train(ids: List[int]) -> None:
+        batch = KeyedJaggedTensor.from_lengths_sync(keys=["f_user"], values=torch.tensor(ids),
+                                                    lengths=torch.tensor([len(ids)]))
+        model(batch).values().sum().backward()
+
+    for start in range(0, 60, 10):
+        train(list(range(start, start + 10)))
+    segment = sorted(disk.rglob("*.rows"))[0]
+    with open(segment, "r+b") as f:
+        f.seek(20)
+        f.write(b"\xff\xff\xff\xff")
+    for start in range(0, 60, 10):
+        train(list(range(start, start + 10)))
+
+
 def _disk_is_a_file(scratch: Path) -> None:
     blocker = scratch / "not_a_folder"
     blocker.write_text("a file where the disk tier's folder should be")
@@ -447,6 +480,8 @@ CATALOGUE: List[BadInput] = [
              StorageError, "holds no complete save", _empty_checkpoint),
     BadInput("checkpoints", "saver_rank", "`Saver(rank=3)` on rank 0", ConfigError, "Saver(rank=3) runs on rank 0",
              _wrong_saver_rank),
+    BadInput("disks", "flipped_segment_byte", "a KEY_VALUE disk tier's segment file with flipped bytes",
+             StorageError, "segment-000000.rows", _flipped_segment, group=True),
     BadInput("disks", "disk_folder_is_a_file", "`KeyValueParams(ssd_storage_directory=...)` naming a file",
              StorageError, "not_a_folder", _disk_is_a_file, group=True),
     BadInput("data", "damaged_wheel", "a truncated or damaged MovieLens wheel in the data cache", StorageError,
