@@ -24,7 +24,9 @@ budget: rows live in all three tiers. A case is one of:
   only: ``dcp.save({"model": dmp.state_dict(), "optim": dmp.fused_optimizer.state_dict()})`` after the saves' steps,
   then ``dcp.load`` into the second model and ``load_state_dict`` of both (KEY_VALUE tables stream through windows of
   their rows; hash tables' policy state travels in the optimizer's state_dict). ``expect`` is ``"refused"`` where
-  the load must be refused (IDs on shards that do not own them): reported as ``load_error``.
+  the load must be refused (IDs on shards that do not own them): reported as ``load_error``, with ``unchanged``
+  (the loaded model's rows are still its own). With ``"load_dim"`` or ``"load_optimizer"`` the second model has
+  another ``embedding_dim`` or optimizer: its load must be refused naming a table's key, the model unchanged.
 
 ``policy`` is ``"default"`` (admit all; FUSED tables never full) or ``"evict"`` (FUSED hash tables a fifth of the
 IDs in size: LFU eviction and count admission at work; use it with an unchanged layout).
@@ -102,6 +104,10 @@ def conformance_cases(world_size: int, quick: bool) -> List[Dict[str, Any]]:
         stock += [dcp_case("ebc", "row_wise", "key_value", "adagrad", "row_wise", "fused", world_size),
                   dcp_case("ebc", "table_wise", "key_value", "rowwise_adagrad", "row_wise", "key_value", world_size,
                            expect="refused")]
+    stock += [dcp_case("ebc", spread, "key_value", "rowwise_adagrad", spread, "key_value", world_size,
+                       expect="mismatch", load_dim=2 * DIM),
+              dcp_case("ebc", spread, "key_value", "rowwise_adagrad", spread, "key_value", world_size,
+                       expect="mismatch", load_optimizer="adagrad")]
     return cases[1:3] + [gone] + stock[:2] if quick else cases + [{"action": "dense"}, gone] + stock
 
 
@@ -127,6 +133,12 @@ def check_result(result: Dict[str, Any]) -> None:
         return
     if result["action"] == "save":
         assert result["saved_ids"] > 0, "the save case trained no IDs"
+        return
+    if result.get("expect") == "mismatch":  # another embedding_dim or optimizer: DCP refuses, naming a table's key
+        error = result["load_error"]
+        assert error and any(f"{table}." in error for table in ("user", "item", "plain")), (
+            f"a checkpoint of another embedding_dim or optimizer must be refused naming a table's key: {error!r}")
+        assert result["unchanged"], "a refused load changed the model"
         return
     if result.get("expect") == "refused":  # by our placement check, or by DCP: no saved policy state for a shard
         error = result["load_error"]
@@ -154,12 +166,13 @@ def check_result(result: Dict[str, Any]) -> None:
 
 
 def dcp_case(kind: str, sharding_type: str, kernel: str, optimizer: str, load_sharding_type: str,
-             load_kernel: str, load_world_size: int, expect: str = "loaded", policy: str = "default"
-             ) -> Dict[str, Any]:
-    """A ``dcp`` case: a round trip through stock torch.distributed.checkpoint (see the module docstring)."""
+             load_kernel: str, load_world_size: int, expect: str = "loaded", policy: str = "default",
+             **mismatch: Any) -> Dict[str, Any]:
+    """A ``dcp`` case: a round trip through stock torch.distributed.checkpoint (see the module docstring);
+    ``mismatch``: ``load_dim`` or ``load_optimizer`` of the second model."""
     case = round_trip_case(kind, sharding_type, kernel, optimizer, policy, load_sharding_type, load_kernel,
                            load_world_size)
-    return {**case, "action": "dcp", "expect": expect}
+    return {**case, "action": "dcp", "expect": expect, **mismatch}
 
 
 def round_trip_case(kind: str, sharding_type: str, kernel: str, optimizer: str, policy: str,
@@ -173,14 +186,14 @@ def round_trip_case(kind: str, sharding_type: str, kernel: str, optimizer: str, 
 # -- the model and its data --------------------------------------------------------------------------------------------
 
 
-def make_module(kind: str, policy: str, device: torch.device) -> torch.nn.Module:
+def make_module(kind: str, policy: str, device: torch.device, dim: int = DIM) -> torch.nn.Module:
     options = {"overflow": "evict", "eviction_policy": "lfu", "admission_policy": "count",
                "admission_options": {"threshold": 2}} if policy == "evict" else {}
     hash_cls = HashEmbeddingConfig if kind == "ec" else HashEmbeddingBagConfig
     plain_cls = torchrec.EmbeddingConfig if kind == "ec" else torchrec.EmbeddingBagConfig
-    tables = [hash_cls(name=n, num_embeddings=CAPACITY[policy], embedding_dim=DIM, feature_names=[f"f_{n}"],
+    tables = [hash_cls(name=n, num_embeddings=CAPACITY[policy], embedding_dim=dim, feature_names=[f"f_{n}"],
                        init_seed=seed, **options) for n, seed in HASH_TABLES]
-    tables.append(plain_cls(name="plain", num_embeddings=PLAIN_ROWS, embedding_dim=DIM, feature_names=["f_plain"]))
+    tables.append(plain_cls(name="plain", num_embeddings=PLAIN_ROWS, embedding_dim=dim, feature_names=["f_plain"]))
     collection = torchrec.EmbeddingCollection if kind == "ec" else torchrec.EmbeddingBagCollection
     return collection(tables=tables, device=device)
 
@@ -190,7 +203,7 @@ def build(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, disk: 
     ranges) unless the hash tables are (a module cannot mix row-wise hash and plain tables), else table-wise."""
     device = script_device()
     torch.manual_seed(0)  # the plain table's initial rows
-    module = make_module(spec["kind"], spec["policy"], device)
+    module = make_module(spec["kind"], spec["policy"], device, spec.get("dim", DIM))
     lookups = module.embeddings if spec["kind"] == "ec" else module.embedding_bags
     cls, kwargs = OPTIMIZERS[spec["optimizer"]]
     apply_optimizer_in_backward(cls, [lookup.weight for lookup in lookups.values()], dict(kwargs))
@@ -376,7 +389,8 @@ def dcp_action(case: Dict[str, Any], world: Any, directory: str) -> Dict[str, An
     if pg is None:
         return {}
     disk = tempfile.mkdtemp(prefix="disk-", dir=directory) if pg.rank() == 0 else None
-    loaded = build(case, case["load_sharding_type"], case["load_kernel"], pg, _broadcast(disk, pg))
+    other = {**case, "dim": case.get("load_dim", DIM), "optimizer": case.get("load_optimizer", case["optimizer"])}
+    loaded = build(other, case["load_sharding_type"], case["load_kernel"], pg, _broadcast(disk, pg))
     before = gathered_rows(loaded, pg)
     state = {"model": loaded.state_dict(), "optim": loaded.fused_optimizer.state_dict()}
     try:
