@@ -216,7 +216,8 @@ def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
                 + _quick(dedup, ("ec-row_wise-rowwise_adagrad-index_dedup",)) + promises + steps[:2])
     state_dict = [Case({**c.params, "state_dict": c.params["sharding_type"]}) for c in runnable
                   if c.params["kind"] == "ebc"]
-    return cases + dedup + state_dict + _variants(cases, HASH_VARIANTS) + promises + steps
+    adam = reused_row_cases(profile, "adam")
+    return cases + dedup + state_dict + _variants(cases, HASH_VARIANTS) + promises + adam + steps
 
 
 def policy_step_cases(profile: Any) -> List[Case]:
@@ -250,9 +251,10 @@ def cadence_cases(profile: Any) -> List[Case]:
             for kernel in kernels]
 
 
-def reused_row_cases(profile: Any) -> List[Case]:
+def reused_row_cases(profile: Any, optimizer: str = "rowwise_adagrad") -> List[Case]:
     """A reused row starts with fresh optimizer state (``plugin/reused_rows.py``): one case per hash kernel the
-    device offers (FUSED, KEY_VALUE), row-wise Adagrad, row-wise (else table-wise) sharding; in quick runs too.
+    device offers (FUSED, KEY_VALUE), row-wise (else table-wise) sharding, with ``optimizer`` (``rowwise_adagrad``,
+    in quick runs too, or ``adam``).
 
     Example::
 
@@ -262,10 +264,11 @@ def reused_row_cases(profile: Any) -> List[Case]:
     types = [t for t in ("row_wise", "table_wise") if t in profile.sharding_types]
     kernels = [k for k in ("fused", "key_value") if k in profile.compute_kernels]
     cases = [Case({"promise": "reused_row", "kind": "ebc", "sharding_type": types[0] if types else "row_wise",
-                   "kernel": kernel, "optimizer": "rowwise_adagrad"})
+                   "kernel": kernel, "optimizer": optimizer})
              for kernel in kernels or ["fused"]]
-    why = ("EXACT_ROWWISE_ADAGRAD (the optimizer state a reused row must not inherit) is not supported on "
-           f"{profile.device_type}" if "EXACT_ROWWISE_ADAGRAD" not in profile.fused_optimizers
+    fused = {"rowwise_adagrad": "EXACT_ROWWISE_ADAGRAD", "adam": "ADAM"}[optimizer]
+    why = (f"{fused} (the optimizer state a reused row must not inherit) is not supported on "
+           f"{profile.device_type}" if fused not in profile.fused_optimizers
            else "" if types and kernels else
            f"{profile.device_type} offers neither row_wise nor table_wise sharding with a hash kernel")
     return [dataclasses.replace(c, skip=why) for c in cases]

@@ -1,9 +1,9 @@
 """A reused row starts with fresh optimizer state: an ID that takes over an evicted ID's row trains as a new row.
 
 One case of ``plugin/hash_tables.py`` (``{"promise": "reused_row", "kind": "ebc", "sharding_type": ...,
-"kernel": "fused"|"key_value", "optimizer": "rowwise_adagrad"}``). A hash table of :data:`SHARD_ROWS` rows per shard
-(FUSED: ``num_embeddings``, ``overflow="evict"``; KEY_VALUE: the device cache, over host memory) trains in two
-phases with row-wise Adagrad, whose per-row state is what a reused row must not inherit:
+"kernel": "fused"|"key_value", "optimizer": "rowwise_adagrad"|"adam"}``). A hash table of :data:`SHARD_ROWS` rows
+per shard (FUSED: ``num_embeddings``, ``overflow="evict"``; KEY_VALUE: the device cache, over host memory) trains
+in two phases with row-wise Adagrad or Adam, whose per-row state is what a reused row must not inherit:
 
 1. the IDs of ``A`` (more than a shard holds), each once: every row of every shard is taken and trained, so every
    row holds optimizer state;
@@ -13,8 +13,9 @@ phases with row-wise Adagrad, whose per-row state is what a reused row must not 
 
 Oracle, sharing no code with the kernels: each ``B`` ID as a brand-new row in plain Python: its initial value from
 :func:`torchrec_ascend.native.reference.hash_uniform_init` (the pure-Python reference of the native initialiser) and
-row-wise Adagrad written out from zero state, on the gradients the loss gives it (the loss is linear in the pooled
-outputs, so a row's gradient does not depend on any row). Reported: ``fwd_err`` (the phase-2 outputs vs. the
+row-wise Adagrad or Adam (fbgemm's: both moments from zero, bias correction by the table's step count) written out
+from zero state, on the gradients the loss gives it (the loss is linear in the pooled outputs, so a row's gradient
+does not depend on any row). Reported: ``fwd_err`` (the phase-2 outputs vs. the
 oracle's), ``row_err`` (the final ``B`` rows, from every tier, vs. the oracle's; inf if a ``B`` ID lost its row),
 ``full`` (every shard was full before phase 2), ``reused`` (rows evicted in phase 2, at least one per ``B`` ID) and
 ``new_ids`` (``len(B)``), ``residency``.
@@ -44,6 +45,7 @@ from torchrec_ascend.native import reference
 
 TABLE, FEATURE, SEED, DIM = "item", "f_item", 11, 8
 INIT, LR, EPS = (-0.25, 0.25), 0.1, 1e-8
+BETAS = (0.9, 0.999)  # Adam's defaults (torch's and fbgemm's): what the case trains with
 SHARD_ROWS = 16  # rows per shard: FUSED's capacity, KEY_VALUE's device cache
 KEY_VALUE_SHARD_ROWS = 512  # a KEY_VALUE shard's IDs (the cache holds SHARD_ROWS of them)
 BATCH, BAG = 4, 2  # phase 1: samples per rank, IDs per sample
@@ -77,10 +79,11 @@ def upstream(step: int, rank: int, samples: int) -> torch.Tensor:
     return torch.randn(samples, DIM, generator=torch.Generator().manual_seed(31 * step + rank))
 
 
-def build(kernel: str, sharding_type: str, pg: Any, directory: str, shards: Optional[int] = None
-          ) -> DistributedModelParallel:
+def build(kernel: str, sharding_type: str, pg: Any, directory: str, shards: Optional[int] = None,
+          optimizer: str = "rowwise_adagrad") -> DistributedModelParallel:
     """The table as ``shards`` shards would hold it (default: as many as ``sharding_type`` makes on ``pg``), sharded
-    ``sharding_type`` on ``pg``, row-wise Adagrad fused; KEY_VALUE's disk tier under ``directory``."""
+    ``sharding_type`` on ``pg``, ``optimizer`` (row-wise Adagrad or Adam) fused; KEY_VALUE's disk tier under
+    ``directory``."""
     world = pg.size()
     shards = shards or (world if sharding_type == "row_wise" else 1)
     key_value = kernel == "key_value"
@@ -89,7 +92,8 @@ def build(kernel: str, sharding_type: str, pg: Any, directory: str, shards: Opti
         weight_init_max=INIT[1], num_embeddings=(KEY_VALUE_SHARD_ROWS if key_value else SHARD_ROWS) * shards,
         overflow="evict", eviction_policy="lru",
     )])
-    apply_optimizer_in_backward(RowWiseAdagrad, [ebc.embedding_bags[TABLE].weight], {"lr": LR, "eps": EPS})
+    cls = torch.optim.Adam if optimizer == "adam" else RowWiseAdagrad  # Adam with its default betas, BETAS
+    apply_optimizer_in_backward(cls, [ebc.embedding_bags[TABLE].weight], {"lr": LR, "eps": EPS})
     constraints = {TABLE: ParameterConstraints(
         sharding_types=[sharding_type], compute_kernels=[kernel],
         cache_params=CacheParams(load_factor=SHARD_ROWS / KEY_VALUE_SHARD_ROWS) if key_value else None,
@@ -104,21 +108,31 @@ def build(kernel: str, sharding_type: str, pg: Any, directory: str, shards: Opti
 
 
 class FreshRows:
-    """The oracle: ``B``'s rows as brand-new rows (reference initialisation, zero state), row-wise Adagrad in
-    plain Python, SUM pooling."""
+    """The oracle: ``B``'s rows as brand-new rows (reference initialisation, zero state), row-wise Adagrad or Adam
+    in plain Python, SUM pooling."""
 
-    def __init__(self, ids: List[int]) -> None:
+    def __init__(self, ids: List[int], optimizer: str) -> None:
         init = reference.hash_uniform_init(torch.tensor(ids), SEED, DIM, *INIT)
         self.rows = {i: init[k].clone() for k, i in enumerate(ids)}
         self.state = {i: torch.zeros(()) for i in ids}
+        self.moments = {i: (torch.zeros(DIM), torch.zeros(DIM)) for i in ids}
+        self.adam = optimizer == "adam"
 
     def forward(self, bags: List[List[int]]) -> torch.Tensor:
         return torch.stack([sum((self.rows[i] for i in bag), torch.zeros(DIM)) for bag in bags])
 
-    def step(self, grads: Dict[int, torch.Tensor]) -> None:
+    def step(self, grads: Dict[int, torch.Tensor], table_steps: int) -> None:
+        """One update of the rows in ``grads``; ``table_steps``: the table's steps so far, this one included."""
         for i, g in grads.items():
-            self.state[i] = self.state[i] + (g * g).mean()
-            self.rows[i] = self.rows[i] - LR * g / (self.state[i].sqrt() + EPS)
+            if self.adam:
+                (beta1, beta2), (m, v) = BETAS, self.moments[i]
+                m, v = beta1 * m + (1 - beta1) * g, beta2 * v + (1 - beta2) * g * g
+                self.moments[i] = (m, v)
+                self.rows[i] = self.rows[i] - LR * (m / (1 - beta1 ** table_steps)) / (
+                    (v / (1 - beta2 ** table_steps)).sqrt() + EPS)
+            else:
+                self.state[i] = self.state[i] + (g * g).mean()
+                self.rows[i] = self.rows[i] - LR * g / (self.state[i].sqrt() + EPS)
 
 
 def shard_stats(dmp: Any, pg: Any) -> List[Dict[str, int]]:
@@ -146,10 +160,10 @@ def final_rows(dmp: Any, pg: Any) -> Dict[int, torch.Tensor]:
 def run(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
     rank, world, device = pg.rank(), pg.size(), script_device()
     _, new_ids = id_sets(world)
-    oracle = FreshRows(new_ids)
+    oracle = FreshRows(new_ids, case["optimizer"])
     fwd_err, full, evicted_before = 0.0, False, 0
     with tempfile.TemporaryDirectory(prefix="reused_rows_") as directory:
-        dmp = build(case["kernel"], case["sharding_type"], pg, directory)
+        dmp = build(case["kernel"], case["sharding_type"], pg, directory, optimizer=case["optimizer"])
         for step in range(PHASE1_STEPS + PHASE2_STEPS):
             if step == PHASE1_STEPS:
                 stats = shard_stats(dmp, pg)
@@ -171,7 +185,7 @@ def run(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
                 for bag, g in zip(rank_bags, upstream(step, r, len(rank_bags))):
                     for i in bag:
                         grads[i] = grads.get(i, torch.zeros(DIM)) + g / world
-            oracle.step(grads)
+            oracle.step(grads, step + 1)
         reused = sum(s["evicted"] for s in shard_stats(dmp, pg)) - evicted_before
         rows = final_rows(dmp, pg)
         missing = [i for i in new_ids if i not in rows]
