@@ -4,10 +4,10 @@ Runs ``plugin/hash_tables.py``: raw 63-bit IDs with repeats through stock collec
 the FUSED kernel; also ``use_index_dedup`` and stock ``state_dict()`` round trips. Oracles: the unsharded hash
 collection on the global batch, and a plain-Python ``ID -> row`` model with the same deterministic initialisation
 and the optimizer written out. The ``reused_row`` cases: an ID that takes over an evicted ID's row (FUSED and
-KEY_VALUE; row-wise Adagrad, and in full runs Adam) trains exactly as a brand-new row in plain Python. The ``policy_steps`` cases: a
-table read by two features takes one policy step per batch (oracle: the batches trained). The ``cadence`` cases:
-a pool evicts when, how much and what ``eviction_cadence`` says (oracle: its rules written out in plain Python,
-checked batch by batch).
+KEY_VALUE; row-wise Adagrad, and in full runs Adam) trains exactly as a brand-new row in plain Python. The
+``policy_steps`` cases: a table read by two features takes one policy step per batch (oracle: the batches trained).
+The ``cadence`` cases: a pool evicts when, how much and what ``eviction_cadence`` says (oracle: its rules written
+out in plain Python, checked batch by batch).
 """
 
 from __future__ import annotations
