@@ -104,11 +104,13 @@ def conformance_cases(world_size: int, quick: bool) -> List[Dict[str, Any]]:
         stock += [dcp_case("ebc", "row_wise", "key_value", "adagrad", "row_wise", "fused", world_size),
                   dcp_case("ebc", "table_wise", "key_value", "rowwise_adagrad", "row_wise", "key_value", world_size,
                            expect="refused")]
-    stock += [dcp_case("ebc", spread, "key_value", "rowwise_adagrad", spread, "key_value", world_size,
+    stock += [dcp_case("ebc", spread, "key_value", "adam", spread, "key_value", world_size),
+              dcp_case("ebc", spread, "key_value", "rowwise_adagrad", spread, "key_value", world_size,
                        expect="mismatch", load_dim=2 * DIM),
               dcp_case("ebc", spread, "key_value", "rowwise_adagrad", spread, "key_value", world_size,
                        expect="mismatch", load_optimizer="adagrad")]
-    return cases[1:3] + [gone] + stock[:2] if quick else cases + [{"action": "dense"}, gone] + stock
+    adam = round_trip_case("ebc", spread, "key_value", "adam", "default", spread, "key_value", world_size)
+    return cases[1:3] + [gone] + stock[:2] if quick else cases + [adam, {"action": "dense"}, gone] + stock
 
 
 def check_result(result: Dict[str, Any]) -> None:
