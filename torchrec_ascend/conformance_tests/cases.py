@@ -203,7 +203,8 @@ def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
 
     The script picks the kernel: dense for data_parallel replicas, FUSED otherwise. The full run adds sequence
     tables sharded with ``use_index_dedup``, stock ``state_dict()`` round trips through
-    torch.distributed.checkpoint (same plan per sharding type) and the :data:`HASH_VARIANTS`. ``quick``: one pooled
+    torch.distributed.checkpoint (same plan per sharding type, and row_wise into table_wise), the
+    :data:`HASH_VARIANTS` and the ADAM ``reused_row`` cases. ``quick``: one pooled
     row-wise case and one row-wise sequence case with index dedup.
     """
     cases = _grid(profile, world_size, HASH_SHARDING_TYPES, lambda *_: {})
@@ -216,6 +217,10 @@ def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
                 + _quick(dedup, ("ec-row_wise-rowwise_adagrad-index_dedup",)) + promises + steps[:2])
     state_dict = [Case({**c.params, "state_dict": c.params["sharding_type"]}) for c in runnable
                   if c.params["kind"] == "ebc"]
+    # FUSED hash tables move between layouts through DCP too (row_wise saved, table_wise loaded)
+    state_dict += [Case({**c.params, "state_dict": "table_wise"}) for c in runnable
+                   if c.params["kind"] == "ebc" and c.params["sharding_type"] == "row_wise"
+                   and "table_wise" in profile.sharding_types]
     adam = reused_row_cases(profile, "adam")
     return cases + dedup + state_dict + _variants(cases, HASH_VARIANTS) + promises + adam + steps
 

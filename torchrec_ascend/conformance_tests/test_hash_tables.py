@@ -57,9 +57,11 @@ def test_case(case: Case, request: Any) -> None:
     if "state_dict" in case.params:  # state_dict() and the fused optimizer's through DCP, into the same plan
         assert not r["load_error"], r["load_error"]
         assert not r["shape_errors"], f"the not-admitted row shows in the state_dicts: {r['shape_errors']}"
-        assert r["row_err"] == 0.0 and r["fwd_err"] == 0.0, (
-            f"after a state_dict round trip rows differ by {r['row_err']} and outputs by {r['fwd_err']} from the "
-            "model that never stopped")
+        # into another layout the pooled sums add in another order: within TOLERANCE, else bit for bit
+        tolerance = 0.0 if case.params["state_dict"] == case.params["sharding_type"] else TOLERANCE
+        assert r["row_err"] <= tolerance and r["fwd_err"] <= tolerance, (
+            f"after a state_dict round trip into {case.params['state_dict']} rows differ by {r['row_err']} and "
+            f"outputs by {r['fwd_err']} from the model that never stopped (tolerance {tolerance})")
         return
     for oracle in ("unsharded", "python"):
         fwd, rows = r[f"fwd_err_{oracle}"], r[f"row_err_{oracle}"]
