@@ -72,9 +72,14 @@ def test_sharding_grid_is_exactly_what_the_device_supports(profile: FakeProfile,
     assert runnable_grid([c for c in hash_cases if not any(k in c.params for k in extras)]) == expected_grid(
         profile, C.HASH_SHARDING_TYPES)
     rowwise = "EXACT_ROWWISE_ADAGRAD" in profile.fused_optimizers
-    for extra, kind in zip(extras, ("ec", "ebc")):
-        types = sorted(c.params["sharding_type"] for c in hash_cases if extra in c.params)
+    for extra, kind in zip(extras, ("ec", "ebc")):  # state_dict: the round trips into the same layout
+        types = sorted(c.params["sharding_type"] for c in hash_cases
+                       if extra in c.params and c.params[extra] in ("index_dedup", c.params["sharding_type"]))
         assert types == sorted(t for t in C.HASH_SHARDING_TYPES[kind] if t in profile.sharding_types and rowwise)
+    moved = [(c.params["sharding_type"], c.params["state_dict"]) for c in hash_cases
+             if "state_dict" in c.params and c.params["state_dict"] != c.params["sharding_type"]]
+    both = {"row_wise", "table_wise"} <= set(profile.sharding_types)
+    assert moved == ([("row_wise", "table_wise")] if both and rowwise else [])
     skipped = {c.params.get("optimizer") or c.params.get("kernel"): c.skip for c in cases if c.skip}
     for name, fbgemm in C.SCRIPT_OPTIMIZERS.items():
         if fbgemm not in profile.fused_optimizers:
