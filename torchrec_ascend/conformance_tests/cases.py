@@ -413,10 +413,13 @@ def error_cases(profile: Any, quick: bool) -> List[Case]:
 
 #: Installed policies that cannot be built without options: the options the full run checks them with.
 EXAMPLE_POLICY_OPTIONS = {("eviction", "ttl"): {"ttl_steps": 3}}
+#: The README's composition example, checked next to the installed policies when its components are installed.
+COMPOSED_EXAMPLE = ("eviction", "ttl+lfu", {"ttl": {"ttl_steps": 3}})
 
 
 def policy_cases(requested: Sequence[Tuple[str, Dict[str, Any]]], installed: Sequence[Tuple[str, str]]) -> List[Case]:
-    """The policy contract cases: the ``requested`` policies, or else every ``installed`` one (per kind).
+    """The policy contract cases: the ``requested`` policies, or else every ``installed`` one (per kind) and
+    :data:`COMPOSED_EXAMPLE` (when its components are installed).
 
     Args:
         requested: ``(name, options)`` from ``--policy``; every kind the name exists as is checked.
@@ -431,7 +434,11 @@ def policy_cases(requested: Sequence[Tuple[str, Dict[str, Any]]], installed: Seq
     """
     if requested:
         return [Case({"policy": name}, {"options": options}) for name, options in requested]
-    return [
+    cases = [
         Case({"policy": name, "kind": kind}, {"options": EXAMPLE_POLICY_OPTIONS.get((kind, name), {})})
         for kind, name in installed
     ]
+    kind, composed, options = COMPOSED_EXAMPLE
+    if all((kind, part) in installed for part in composed.split("+")):
+        cases.append(Case({"policy": composed, "kind": kind}, {"options": options}))
+    return cases
