@@ -66,7 +66,12 @@ def expected_grid(profile, types):
 @given(profiles, st.integers(1, 4))
 def test_sharding_grid_is_exactly_what_the_device_supports(profile: FakeProfile, world: int) -> None:
     cases = C.sharding_cases(profile, world, quick=False)
-    assert runnable_grid(cases) == expected_grid(profile, C.STOCK_SHARDING_TYPES)
+    assert runnable_grid([c for c in cases if "setting" not in c.params]) == expected_grid(
+        profile, C.STOCK_SHARDING_TYPES)
+    settings = [c.params["setting"] for c in cases if "setting" in c.params]  # one per setting the device can run
+    assert settings == ([name for name, (_, types) in C.STOCK_VARIANTS.items()
+                         if set(types) & set(profile.sharding_types)]
+                        if "EXACT_ROWWISE_ADAGRAD" in profile.fused_optimizers else [])
     hash_cases = C.hash_table_cases(profile, world, quick=False)
     extras = ("dedup", "state_dict", "variant", "promise")  # zip below pairs the first two with their module kinds
     assert runnable_grid([c for c in hash_cases if not any(k in c.params for k in extras)]) == expected_grid(

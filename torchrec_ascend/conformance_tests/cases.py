@@ -45,6 +45,24 @@ PIPELINE_SHARDING_TYPES = ("row_wise", "table_wise")
 #: Compute kernels some check drives: ``fused`` (sharding, hash tables, pipeline), ``key_value``, and ``dense``
 #: (data_parallel).
 COVERED_KERNELS = ("fused", "key_value", "dense")
+#: The full run's settings of stock modules, one case each on the first of the sharding types listed that the device
+#: offers (EBC, row-wise Adagrad: fbgemm's VBE takes no other): setting -> (case keys, sharding types).
+STOCK_VARIANTS: Dict[str, Tuple[Dict[str, Any], Tuple[str, ...]]] = {
+    "variable": ({"batch": "variable"}, ("row_wise", "table_wise")),  # rank r has BATCH - 2r samples
+    "empty": ({"batch": "empty"}, ("row_wise", "table_wise")),  # rank 0 has none
+    "vbe": ({"batch": "vbe"}, ("row_wise", "table_row_wise", "table_wise")),
+    "mean": ({"pooling": "mean"}, ("row_wise", "table_wise")),
+    "weighted": ({"weighted": True}, ("row_wise", "table_wise")),
+    "mixed": ({"dims": "mixed"}, ("column_wise", "row_wise", "table_wise")),
+    "fp16": ({"dtype": "fp16"}, ("row_wise", "table_wise")),
+    "int32": ({"index": "int32"}, ("row_wise", "table_wise")),
+    "eval": ({"eval": True}, ("row_wise", "table_wise")),
+}
+#: The full run's stock pipelines against a plain loop: (pipeline, kernel); ``sparse_dist`` with FUSED is the quick
+#: ``pipeline`` case. Not ``prefetch`` with KEY_VALUE: on the emulated NPU the stream-order check reports its swap-in
+#: on the prefetch stream writing the cache's weights after the default stream's, unordered (per allocation: rows
+#: apart would be no race); see the promise register.
+STOCK_PIPELINES = (("sparse_dist", "key_value"), ("prefetch", "fused"), ("eval", "fused"), ("eval", "key_value"))
 #: Types that split a table's columns (every world size) or its rows across ranks (two ranks or more).
 COLUMN_SPLITS = {"column_wise", "table_column_wise", "grid_shard"}
 ROW_SPLITS = {"row_wise", "table_row_wise", "grid_shard"}
@@ -175,9 +193,10 @@ def sharding_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     """Stock TorchRec modules sharded every way the device supports vs. the unsharded reference.
 
     Cases: every (``ebc``/``ec``, sharding type, optimizer) the device supports, stock ``TrainPipelineSparseDist``,
-    ``DistributedModelParallel.copy()`` and stock DCP round trips of KEY_VALUE tables; skipped: optimizers on one
-    side only (device vs. scripts), compute kernels no check drives. ``quick``: one pooled row-wise and one sequence
-    column-wise case.
+    ``DistributedModelParallel.copy()``; in full runs also the :data:`STOCK_VARIANTS` (batches that differ per rank,
+    an empty one, VBE, mean pooling, weights, mixed dims, FP16, int32, eval), the :data:`STOCK_PIPELINES` and stock
+    DCP round trips of KEY_VALUE tables; skipped: optimizers on one side only (device vs. scripts), compute kernels no
+    check drives. ``quick``: one pooled row-wise and one sequence column-wise case.
 
     Example::
 
@@ -189,6 +208,15 @@ def sharding_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
               if st in profile.sharding_types]
     if quick:
         return _quick(cases, ("ebc-row_wise-rowwise_adagrad", "ec-column_wise-adagrad"))
+    if "EXACT_ROWWISE_ADAGRAD" in profile.fused_optimizers:
+        for setting, (keys, types) in STOCK_VARIANTS.items():
+            offered = [t for t in types if t in profile.sharding_types][:1]
+            cases += [Case({"kind": "ebc", "sharding_type": t, "optimizer": "rowwise_adagrad", "setting": setting,
+                            **keys},  # the script reads the keys; "setting" names the case
+                           {"min_shards": _min_shards(t, world_size)}) for t in offered]
+    if "row_wise" in profile.sharding_types:  # the script's pipelines shard row-wise
+        cases += [Case({"kind": "pipeline", "pipeline": p, "kernel": k}) for p, k in STOCK_PIPELINES
+                  if k in profile.compute_kernels]
     cases += _dcp_cases(profile, world_size)
     cases += [
         Case({"kernel": kernel}, skip=f"no conformance script drives the {kernel} kernel yet")
