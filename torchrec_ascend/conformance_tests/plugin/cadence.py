@@ -1,13 +1,14 @@
 """``eviction_cadence`` decides when a pool evicts, how much, and which rows it protects.
 
 One case of ``plugin/hash_tables.py`` (``{"promise": "cadence", "kind": "ebc", "sharding_type": "table_wise",
-"kernel": "fused"|"key_value"}``). Hash table ``item`` (a FUSED pool of :data:`ROWS` rows, or a KEY_VALUE device
-cache of :data:`ROWS` rows over host memory) evicts with ``eviction_policy="ttl"`` (``ttl_steps``
-:data:`TTL`; under pressure the longest idle first) and ``eviction_cadence`` :data:`CADENCE`. Every rank sends a few
-IDs a batch from a small Zipf-like pool for :data:`STEPS` training batches; after each, the pool's IDs are read.
+"kernel": "fused"|"key_value"}``). Hash tables ``item`` and ``user`` (one per rank, table-wise; each a FUSED pool
+of :data:`ROWS` rows, or a KEY_VALUE device cache of :data:`ROWS` rows over host memory) evict with
+``eviction_policy="ttl"`` (``ttl_steps`` :data:`TTL`; under pressure the longest idle first) and
+``eviction_cadence`` :data:`CADENCE`. Every rank sends a few IDs a batch per table from a small Zipf-like pool for
+:data:`STEPS` training batches; after each, the pools' IDs are read.
 
 Oracle, sharing no code with the pools: the README's rules written out in plain Python, checked batch by batch from
-the pool's IDs before the batch. Batch ``s`` (1-based) brings the distinct IDs ``B`` of every rank; the pool held
+each pool's IDs before the batch. Batch ``s`` (1-based) brings the distinct IDs ``B`` of every rank; the pool held
 ``R``, and ``new = B - R`` need rows, ``free`` rows are empty. Steps ``s`` divisible by ``interval`` are bulk steps:
 they drop every ID of ``R - B`` idle for more than ``TTL`` steps, and evict enough to leave
 ``ceil(headroom * rows)`` rows free after the batch (as far as IDs outside the batch allow). Other steps evict only
@@ -41,7 +42,7 @@ from torchrec_ascend.conformance_tests.plugin.runner import residency
 from torchrec_ascend.kernels.fused import HashRows
 from torchrec_ascend.kernels.walk import sharded_kernels
 
-TABLE, FEATURE, DIM = "item", "f_item", 8
+TABLES, DIM = ("item", "user"), 8  # one table per rank: a fault in a lookup strikes every rank alike
 ROWS = 16  # the pool: a FUSED table's rows, a KEY_VALUE table's device cache
 KEY_VALUE_ROWS = 256  # a KEY_VALUE table's IDs (its cache holds ROWS of them)
 TTL, CADENCE = 4, {"interval": 3, "min_residency": 3, "headroom": 0.25}
@@ -52,15 +53,16 @@ QUIET, HOT = range(19, 28), 4  # batches that bring only the HOT most frequent I
 def build(kernel: str, pg: Any, directory: str) -> DistributedModelParallel:
     key_value = kernel == "key_value"
     ebc = torchrec.EmbeddingBagCollection(tables=[HashEmbeddingBagConfig(
-        name=TABLE, embedding_dim=DIM, feature_names=[FEATURE], num_embeddings=KEY_VALUE_ROWS if key_value else ROWS,
-        overflow="evict", eviction_policy="ttl", eviction_options={"ttl_steps": TTL}, eviction_cadence=CADENCE,
-    )])
-    apply_optimizer_in_backward(torch.optim.SGD, [ebc.embedding_bags[TABLE].weight], {"lr": 0.1})
-    constraints = {TABLE: ParameterConstraints(
+        name=table, embedding_dim=DIM, feature_names=[f"f_{table}"],
+        num_embeddings=KEY_VALUE_ROWS if key_value else ROWS, overflow="evict", eviction_policy="ttl",
+        eviction_options={"ttl_steps": TTL}, eviction_cadence=CADENCE,
+    ) for table in TABLES])
+    apply_optimizer_in_backward(torch.optim.SGD, [ebc.embedding_bags[t].weight for t in TABLES], {"lr": 0.1})
+    constraints = {table: ParameterConstraints(
         sharding_types=["table_wise"], compute_kernels=[kernel],
         cache_params=CacheParams(load_factor=ROWS / KEY_VALUE_ROWS) if key_value else None,
         key_value_params=KeyValueParams(l2_cache_size=1 / 1024, ssd_storage_directory=directory) if key_value else None,
-    )}
+    ) for table in TABLES}
     device = script_device()
     planner = EmbeddingShardingPlanner(topology=Topology(world_size=pg.size(), compute_device=device.type),
                                        constraints=constraints)
@@ -69,28 +71,28 @@ def build(kernel: str, pg: Any, directory: str) -> DistributedModelParallel:
                                     plan=planner.plan(ebc, sharders), sharders=sharders)
 
 
-def batch_ids(step: int, rank: int) -> List[int]:
-    """``rank``'s IDs at ``step``: skewed towards the pool's low end, so some IDs recur and others go idle; the
-    :data:`QUIET` batches bring only the :data:`HOT` first ones."""
-    gen = torch.Generator().manual_seed(7919 * step + rank)
+def batch_ids(step: int, rank: int, table: int) -> List[int]:
+    """``rank``'s IDs of table ``table`` at ``step``: skewed towards the pool's low end, so some IDs recur and
+    others go idle; the :data:`QUIET` batches bring only the :data:`HOT` first ones."""
+    gen = torch.Generator().manual_seed(7919 * step + 31 * table + rank)
     picks = (torch.rand(BATCH, generator=gen) ** 2 * (HOT if step in QUIET else POOL)).long()
     return [10**15 + 104_729 * int(k) for k in picks]
 
 
-def pool_ids(model: Any, pg: Any) -> Set[int]:
-    """The IDs the table's pool (its one shard) holds now, read on every rank."""
-    local = [i for k in sharded_kernels(model) if isinstance(k, HashRows) for t in range(k.num_tables)
-             for i in k.slot_table(t).slot_ids.tolist() if i >= 0]
+def pool_ids(model: Any, pg: Any) -> Dict[str, Set[int]]:
+    """Table -> the IDs its pool (its one shard) holds now, read on every rank."""
+    local = [(name, [i for i in k.slot_table(t).slot_ids.tolist() if i >= 0])
+             for k in sharded_kernels(model) if isinstance(k, HashRows) for t, name in enumerate(k.hash_stats())]
     gathered: List[Any] = [None] * pg.size()
     dist.all_gather_object(gathered, local, group=pg)
-    return {i for part in gathered for i in part}
+    return {name: set(ids) for part in gathered for name, ids in part}
 
 
 class CadenceRules:
     """The oracle: the README's cadence rules, checked one batch at a time (module docstring)."""
 
-    def __init__(self, rows: int) -> None:
-        self.rows = rows
+    def __init__(self, table: str, rows: int) -> None:
+        self.table, self.rows = table, rows
         self.spare = math.ceil(CADENCE["headroom"] * rows)
         self.last_use: Dict[int, int] = {}
         self.inserted: Dict[int, int] = {}
@@ -136,24 +138,28 @@ class CadenceRules:
 
     def _expect(self, ok: bool, step: int, what: str) -> None:
         if not ok and len(self.violations) < 5:
-            self.violations.append(f"step {step}: {what}")
+            self.violations.append(f"table {self.table!r}, step {step}: {what}")
 
 
 def run(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
-    rank, device = pg.rank(), script_device()
-    rules = CadenceRules(ROWS)
+    rank, world, device = pg.rank(), pg.size(), script_device()
+    rules = {table: CadenceRules(table, ROWS) for table in TABLES}
     with tempfile.TemporaryDirectory(prefix="cadence_") as directory:
         model = build(case["kernel"], pg, directory)
         held = pool_ids(model, pg)
         for step in range(1, STEPS + 1):
-            ids = batch_ids(step, rank)
-            batch = KeyedJaggedTensor.from_lengths_sync(keys=[FEATURE], values=torch.tensor(ids),
-                                                        lengths=torch.ones(len(ids), dtype=torch.int64)).to(device)
+            ids = [batch_ids(step, rank, t) for t in range(len(TABLES))]
+            batch = KeyedJaggedTensor.from_lengths_sync(
+                keys=[f"f_{table}" for table in TABLES], values=torch.tensor([i for part in ids for i in part]),
+                lengths=torch.ones(sum(map(len, ids)), dtype=torch.int64)).to(device)
             out = model(batch).values()
             out.sum().backward()
             after = pool_ids(model, pg)
-            rules.check(step, held, {i for r in range(pg.size()) for i in batch_ids(step, r)}, after)
+            for t, table in enumerate(TABLES):
+                brought = {i for r in range(world) for i in batch_ids(step, r, t)}
+                rules[table].check(step, held[table], brought, after[table])
             held = after
         where = residency(parameters=model, optimizer=model.fused_optimizer, inputs=batch, outputs=out)
         del model
-    return {"violations": rules.violations, **rules.counts, "residency": where}
+    counts = {key: sum(r.counts[key] for r in rules.values()) for key in rules[TABLES[0]].counts}
+    return {"violations": [v for r in rules.values() for v in r.violations], **counts, "residency": where}
