@@ -423,6 +423,22 @@ def _fused_not_prefetched_patch() -> None:
     lookups.kernels_with_features = lambda lookup, features: iter(())
 
 
+def _load_not_agreed_patch() -> None:
+    from torchrec_ascend.checkpoint.collectives import Group
+
+    def agree(self: Any, what: str, error: Any) -> None:  # a rank learns only of its own failure
+        if error is not None:
+            raise error
+
+    Group.agree = agree
+
+
+def _ids_twice_accepted_patch() -> None:
+    from torchrec_ascend.checkpoint.key_value_state import TableView
+
+    TableView._check_ids = lambda self, ids: None
+
+
 FAULTS = {
     "bucketize_off_by_one": _bucketize_off_by_one,
     "drop_update": _drop_update,
@@ -453,6 +469,8 @@ FAULTS = {
     "prefetched_rows_unrecorded": _after_import("torchrec_ascend.kernels.id_mapper",
                                                 _prefetched_rows_unrecorded_patch),
     "fused_not_prefetched": _after_import("torchrec_ascend.adapters.lookups", _fused_not_prefetched_patch),
+    "load_not_agreed": _after_import("torchrec_ascend.checkpoint.collectives", _load_not_agreed_patch),
+    "ids_twice_accepted": _after_import("torchrec_ascend.checkpoint.key_value_state", _ids_twice_accepted_patch),
 }
 for _name in os.environ[FAULT_ENV].split(","):
     FAULTS[_name]()

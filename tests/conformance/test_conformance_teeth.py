@@ -8,7 +8,8 @@ in FUSED and KEY_VALUE, the pins of the batch in compute, the IDs an incremental
 their policy state in stock ``state_dict()``, a FUSED hash table's prefetch, the size of a ``load_factor=1.0``
 cache, the eviction cadence's protection of young rows and its interval, the refusal of a sharding type hash tables
 do not support, the policy step of a batch; each again on the emulated NPU, run on the cases it must fail alone with
-``--case``), and on the emulated NPU only a dropped host-to-device copy and the stream-order check's faults: a
+``--case``), two more whose cases run in full runs only (a Saver load refused on one rank alone, a KEY_VALUE load
+holding an ID twice; CPU and emulated NPU, ``--case``), and on the emulated NPU only a dropped host-to-device copy and the stream-order check's faults: a
 missing stage wait, a missing ``record_stream``, a host read of an in-flight copy. The same command without the
 fault is the control: it must pass, so the failures come from the fault; each fault must fail the cases that
 exercise the broken part, the check named. Broken policy: ``broken_policy_plugin.py`` is registered in-process and
@@ -273,6 +274,37 @@ def test_a_broken_part_of_ours_fails_its_cases_on_the_emulated_npu(fault: str, e
     assert outcomes == dict.fromkeys(failing, "failed"), output
     phrases = (phrase,) if isinstance(phrase, str) else phrase
     assert any(p in output for p in phrases) and f"test_{check}.py" in output, output
+
+
+REFUSED = "test_case[{}-ebc-row_wise-key_value-{}-default-row_wise-key_value-2-{}]"
+#: Faults whose cases run in full runs only (``--case`` picks them): fault -> (check, the cases it must fail, a phrase).
+FULL_RUN_FAULTS: Dict[str, Tuple[str, Set[str], str]] = {
+    # A Saver load refused on one rank is refused on every rank, the model unchanged (a load is all or nothing).
+    "load_not_agreed": ("checkpoint", {REFUSED.format("round_trip", "adagrad", "flipped_byte"),
+                                       REFUSED.format("round_trip", "adagrad", "host_memory")}, "ranks (a load is all"),
+    # A KEY_VALUE load holding an ID twice is refused naming the table, the model unchanged.
+    "ids_twice_accepted": ("checkpoint", {REFUSED.format("dcp", "rowwise_adagrad", "refused-id_twice")},
+                           "must be refused saying"),
+}
+
+
+@pytest.mark.teeth
+@pytest.mark.parametrize("device", ["cpu", "emulated_npu"])
+@pytest.mark.parametrize("fault", sorted(FULL_RUN_FAULTS))
+def test_a_broken_part_of_ours_fails_its_full_run_cases(fault: str, device: str, fault_site: Path, tmp_path: Path,
+                                                        request: Any) -> None:
+    """Each fault above on the cases it must fail (a full run's, picked with ``--case``): every one fails."""
+    if device == "emulated_npu":
+        request.getfixturevalue("emulated_npu")
+    check, failing, phrase = FULL_RUN_FAULTS[fault]
+    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": fault,
+           "TORCHREC_ASCEND_COLLECTIVE_TIMEOUT_S": "20"}
+    cases = [f"--case={name[name.index('[') + 1:-1]}" for name in sorted(failing)]
+    status, output, outcomes = run_cli(
+        (EMULATED if device == "emulated_npu" else ["conformance"]) + ["--only", check, *cases], tmp_path, env)
+    assert status == 1, output
+    assert outcomes == dict.fromkeys(failing, "failed"), output
+    assert phrase in output and f"test_{check}.py" in output, output
 
 
 UNSHARDED_STEPS = "test_case[policy_steps-ebc-unsharded-fused]"

@@ -25,8 +25,14 @@ budget: rows live in all three tiers. A case is one of:
   then ``dcp.load`` into the second model and ``load_state_dict`` of both (KEY_VALUE tables stream through windows of
   their rows; hash tables' policy state travels in the optimizer's state_dict). ``expect`` is ``"refused"`` where
   the load must be refused (IDs on shards that do not own them): reported as ``load_error``, with ``unchanged``
-  (the loaded model's rows are still its own). With ``"load_dim"`` or ``"load_optimizer"`` the second model has
-  another ``embedding_dim`` or optimizer: its load must be refused naming a table's key, the model unchanged.
+  (the loaded model's rows are still its own). With ``"load_dim"``, ``"load_optimizer"`` or ``"load_capacity"``
+  the second model has another ``embedding_dim``, optimizer or ``num_embeddings``: its load must be refused naming a
+  table's key, the model unchanged. With ``"damage"`` (:data:`DAMAGES`) the save or the load is damaged by hand (part
+  of a table, an ID twice, a file cut short, a damaged ``policy_state``, rows without their IDs, FUSED IDs onto
+  shards that do not own them): refused naming the table, KEY_VALUE tables unchanged (:func:`refused_cases`).
+* A ``round_trip`` case with ``"damage"`` (``flipped_byte``, ``host_memory``) damages the last rank's part of a
+  Saver load: every rank must refuse it, the model unchanged (:func:`refused_load`); with ``"load_capacity"`` it
+  loads into hash tables of another ``num_embeddings`` and trains on like the model that never stopped.
 
 ``policy`` is ``"default"`` (admit all; FUSED tables never full) or ``"evict"`` (FUSED hash tables a fifth of the
 IDs in size: LFU eviction and count admission at work; use it with an unchanged layout).
@@ -40,10 +46,13 @@ unchanged; ``ids``, the IDs restored; ``residency``, where the loaded model's te
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -57,15 +66,16 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
-from torchrec_ascend.checkpoint import Saver, dense_state_dict
+from torchrec_ascend.checkpoint import Saver, dense_state_dict, restore
 from torchrec_ascend.checkpoint.key_value_state import settle_loads
 from torchrec_ascend.checkpoint.saver import local_shards
 from torchrec_ascend.checkpoint.stock import saver_keys
+from torchrec_ascend.checkpoint.versions import resolve_chain
 from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin import gone_ids
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, rows_of
 from torchrec_ascend.conformance_tests.plugin.runner import first_ranks, main, residency, shared_directory
-from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.errors import CapacityError, ConfigError, StorageError
 
 DIM = 16
 HASH_TABLES = [("user", 3), ("item", 5)]  # name, init seed
@@ -77,6 +87,7 @@ CACHE_ROWS, HOST_KB = 24, 8
 SAVES = (2, 2, 1)  # steps before the full save, the first increment, the second increment
 CONTINUE = 3  # steps trained after the last save
 LR, EPS = 0.1, 1e-8
+INIT = 0.05  # new hash rows are uniform in [-INIT, INIT)
 RESHARD_TOLERANCE = 1e-5  # float summation order changes with the layout; an unchanged layout is bit for bit
 FEATURES = [f"f_{name}" for name, _ in HASH_TABLES] + ["f_plain"]
 
@@ -110,7 +121,33 @@ def conformance_cases(world_size: int, quick: bool) -> List[Dict[str, Any]]:
               dcp_case("ebc", spread, "key_value", "rowwise_adagrad", spread, "key_value", world_size,
                        expect="mismatch", load_optimizer="adagrad")]
     adam = round_trip_case("ebc", spread, "key_value", "adam", "default", spread, "key_value", world_size)
-    return cases[1:3] + [gone] + stock[:2] if quick else cases + [adam, {"action": "dense"}, gone] + stock
+    return cases[1:3] + [gone] + stock[:2] if quick else (
+        cases + [adam, {"action": "dense"}, gone] + stock + refused_cases(world_size))
+
+
+def refused_cases(world_size: int) -> List[Dict[str, Any]]:
+    """Loads that must be refused naming the table, KEY_VALUE tables left as they were (:data:`DAMAGES`,
+    :func:`refused_load`), and a Saver load into another capacity."""
+    spread = "row_wise" if world_size > 1 else "table_wise"
+    key_value = [dcp_case("ebc", spread, "key_value", "rowwise_adagrad", spread, "key_value", world_size,
+                          expect="refused", damage=damage) for damage in ("id_twice", "policy_state")]
+    key_value.append(dcp_case("ebc", spread, "key_value", "rowwise_adagrad", spread, "key_value", world_size,
+                              expect="reloaded", damage="cut_short"))
+    key_value += [  # hash tables table_wise: the plain table is row_wise, a window on every rank
+        dcp_case("ebc", "table_wise", "key_value", "rowwise_adagrad", "table_wise", "key_value", world_size,
+                 expect="refused", damage="part_of_a_table"),
+        dcp_case("ebc", spread, "key_value", "rowwise_adagrad", spread, "key_value", world_size, expect="mismatch",
+                 load_capacity=CAPACITY["default"] // 2)]
+    fused = [dcp_case("ebc", spread, "fused", "adagrad", spread, "fused", world_size, expect="refused",
+                      damage="rows_without_ids")]
+    if world_size > 1:  # IDs placed by one shard's slots, loaded into row ranges placed by hash(ID) % world
+        fused.append(dcp_case("ebc", "table_wise", "fused", "rowwise_adagrad", "row_wise", "fused", world_size,
+                              expect="refused", damage="model_only"))
+    saver = [{**round_trip_case("ebc", spread, "key_value", "adagrad", "default", spread, "key_value", world_size),
+              "damage": damage} for damage in ("flipped_byte", "host_memory")]
+    saver.append({**round_trip_case("ebc", spread, "fused", "adagrad", "default", spread, "fused", world_size),
+                  "load_capacity": CAPACITY["default"] // 2})
+    return key_value + fused + saver
 
 
 def check_result(result: Dict[str, Any]) -> None:
@@ -142,14 +179,29 @@ def check_result(result: Dict[str, Any]) -> None:
             f"a checkpoint of another embedding_dim or optimizer must be refused naming a table's key: {error!r}")
         assert result["unchanged"], "a refused load changed the model"
         return
-    if result.get("expect") == "refused":  # by our placement check, or by DCP: no saved policy state for a shard
-        error = result["load_error"]
-        assert ("do not belong to it" in error and "KEY_VALUE table '" in error) or (
-            "Missing key in checkpoint state_dict" in error and ".policy_state." in error), (
-            f"loading IDs onto shards that do not own them must be refused naming the table: {error!r}")
-        assert result["unchanged"], "a refused load changed the model"
+    if result.get("damage") in SAVER_DAMAGES:  # one rank's problem: every rank refuses, every table as it was
+        error, (fragments, what) = result["load_error"], SAVER_DAMAGES[result["damage"]]
+        assert result["refused_ranks"] == result["load_world_size"], (
+            f"a Saver load with {what} was refused on {result['refused_ranks']} of {result['load_world_size']} "
+            f"ranks (a load is all or nothing): {error!r}")
+        assert all(f in error for f in fragments), f"a Saver load with {what} must be refused saying {fragments}: " \
+            f"{error!r}"
+        assert result["unchanged"], f"a Saver load with {what} was refused but changed the model"
         return
-    if result["action"] == "dcp":
+    if result.get("damage") == "cut_short":  # refused, then the intact copy loads as a plain round trip
+        assert any(all(f in result["load_error"] for f in fs) for fs in DAMAGES["cut_short"]), (
+            f"a dcp.load of a file cut short must fail: {result['load_error']!r}")
+        assert result["reload_refusals"] == 0, "loading the intact copy after the failed load was refused"
+    elif result.get("expect") == "refused":  # a damaged save or load, or IDs onto shards that do not own them
+        error = result["load_error"]
+        damage = result.get("damage") or f"misplaced_{result['load_kernel']}"
+        alternatives = DAMAGES[damage]
+        assert any(all(f in error for f in fragments) for fragments in alternatives), (
+            f"a load with {damage} must be refused saying one of {alternatives}: {error!r}")
+        if result["load_kernel"] == "key_value":  # FUSED tables are written in place by DCP (module docstring)
+            assert result["unchanged"], f"a load with {damage} was refused but changed the KEY_VALUE tables"
+        return
+    if result["action"] == "dcp" and result.get("damage") != "cut_short":
         assert not result["load_error"], result["load_error"]
     assert result["ids"] > 0, "nothing was restored: the case proves nothing"
     assert result["rows_err"] == 0.0, f"rows right after loading differ from the saved ones by {result['rows_err']}"
@@ -188,13 +240,17 @@ def round_trip_case(kind: str, sharding_type: str, kernel: str, optimizer: str, 
 # -- the model and its data --------------------------------------------------------------------------------------------
 
 
-def make_module(kind: str, policy: str, device: torch.device, dim: int = DIM) -> torch.nn.Module:
+def make_module(kind: str, policy: str, device: torch.device, dim: int = DIM,
+                capacity: Optional[int] = None) -> torch.nn.Module:
     options = {"overflow": "evict", "eviction_policy": "lfu", "admission_policy": "count",
                "admission_options": {"threshold": 2}} if policy == "evict" else {}
     hash_cls = HashEmbeddingConfig if kind == "ec" else HashEmbeddingBagConfig
     plain_cls = torchrec.EmbeddingConfig if kind == "ec" else torchrec.EmbeddingBagConfig
-    tables = [hash_cls(name=n, num_embeddings=CAPACITY[policy], embedding_dim=dim, feature_names=[f"f_{n}"],
-                       init_seed=seed, **options) for n, seed in HASH_TABLES]
+    # New rows' range given, not TorchRec's default (+-sqrt(1 / num_embeddings)): a load into another capacity
+    # must train on like the model that never stopped.
+    tables = [hash_cls(name=n, num_embeddings=capacity or CAPACITY[policy], embedding_dim=dim, feature_names=[f"f_{n}"],
+                       init_seed=seed, weight_init_min=-INIT, weight_init_max=INIT, **options)
+              for n, seed in HASH_TABLES]
     tables.append(plain_cls(name="plain", num_embeddings=PLAIN_ROWS, embedding_dim=dim, feature_names=["f_plain"]))
     collection = torchrec.EmbeddingCollection if kind == "ec" else torchrec.EmbeddingBagCollection
     return collection(tables=tables, device=device)
@@ -205,7 +261,8 @@ def build(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, disk: 
     ranges) unless the hash tables are (a module cannot mix row-wise hash and plain tables), else table-wise."""
     device = script_device()
     torch.manual_seed(0)  # the plain table's initial rows
-    module = make_module(spec["kind"], spec["policy"], device, spec.get("dim", DIM))
+    capacity = spec.get("capacity") or CAPACITY[spec["policy"]]
+    module = make_module(spec["kind"], spec["policy"], device, spec.get("dim", DIM), capacity)
     lookups = module.embeddings if spec["kind"] == "ec" else module.embedding_bags
     cls, kwargs = OPTIMIZERS[spec["optimizer"]]
     apply_optimizer_in_backward(cls, [lookup.weight for lookup in lookups.values()], dict(kwargs))
@@ -213,7 +270,7 @@ def build(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, disk: 
     plain_sharding = "table_wise" if sharding_type == "row_wise" else "row_wise"
     constraints = {}
     for name, rows, table_kernel, table_sharding in [
-        (n, CAPACITY[spec["policy"]], kernel, sharding_type) for n, _ in HASH_TABLES
+        (n, capacity, kernel, sharding_type) for n, _ in HASH_TABLES
     ] + [("plain", PLAIN_ROWS, "key_value", plain_sharding)]:
         shard_rows = rows // world if table_sharding == "row_wise" else rows
         key_value = table_kernel == "key_value"
@@ -350,10 +407,13 @@ def save_action(case: Dict[str, Any], pg: Any, directory: str) -> Dict[str, Any]
 
 def load_action(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, directory: str,
                 same_layout: bool) -> Dict[str, Any]:
-    """Load ``directory``'s checkpoint into ``spec``'s model laid out as asked, train on, compare."""
+    """Load ``directory``'s checkpoint into ``spec``'s model laid out as asked, train on, compare (a ``damage``:
+    see :func:`refused_load`)."""
     reference = torch.load(os.path.join(directory, "reference.pt"), weights_only=True)
     disk = tempfile.mkdtemp(prefix="disk-", dir=directory) if pg.rank() == 0 else None
     model = build(spec, sharding_type, kernel, pg, _broadcast(disk, pg))
+    if spec.get("damage"):
+        return refused_load(model, spec["kind"], spec["damage"], pg, os.path.join(directory, "ckpt"))
     info = Saver(process_group=pg).load(model, os.path.join(directory, "ckpt"))
     exact = all(kernel.slot_table(t).checkpoint_mark == info.id for kernel, t, _ in local_shards(model))
     exact = all(_gather(exact, pg))
@@ -376,14 +436,57 @@ def load_action(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, 
     return result
 
 
+def refused_load(model: Any, kind: str, damage: str, pg: Any, checkpoint: str) -> Dict[str, Any]:
+    """A Saver load that one rank alone must refuse, the model trained a step first: ``"flipped_byte"`` (a byte of
+    the last rank's rows in the full save flipped) or ``"host_memory"`` (the last rank has 1 KB of host memory for the
+    load). Reported: ``refused_ranks``, ``load_error`` (every rank's message) and ``unchanged`` (every table on every
+    rank as it was: a load is all or nothing)."""
+    train_step(model, kind, 0, pg)
+    before = gathered_rows(model, pg)
+    last = pg.rank() == pg.size() - 1
+    if damage == "flipped_byte" and last:
+        _flip_a_row_byte(checkpoint, pg.rank())
+    dist.barrier(group=pg)
+    short = mock.patch.object(restore, "available_memory", lambda: 1024) if damage == "host_memory" and last else (
+        contextlib.nullcontext())
+    error = ""
+    try:
+        with short:
+            Saver(process_group=pg).load(model, checkpoint)
+    except (CapacityError, StorageError) as err:
+        error = f"rank {pg.rank()}: {type(err).__name__}: {err}"
+    errors = _gather(error, pg)
+    return {"load_error": " | ".join(e for e in errors if e), "refused_ranks": sum(1 for e in errors if e),
+            "unchanged": row_diff(gathered_rows(model, pg), before) == 0.0,
+            "residency": trained_where(model, kind, pg)}
+
+
+def _flip_a_row_byte(checkpoint: str, rank: int) -> None:
+    """Flip a byte inside the first rows block that ``rank`` wrote in the checkpoint's full save."""
+    directory, metadata = resolve_chain(checkpoint)[0]
+    entry = next(e for e in metadata["shards"] if e["file"].startswith(f"rank-{rank:05d}-") and e["blocks"])
+    with open(os.path.join(directory, entry["file"]), "r+b") as f:
+        f.seek(entry["blocks"][0]["rows"]["offset"] + 5)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+
+
 def dcp_action(case: Dict[str, Any], world: Any, directory: str) -> Dict[str, Any]:
-    """Train, save model and fused optimizer state with stock DCP, train on; load into the second layout, train on."""
+    """Train, save model and fused optimizer state with stock DCP, train on; load into the second layout, train on.
+    With ``damage`` (:data:`DAMAGES`), the save or the load is damaged on the way and must be refused."""
     model = build(case, case["sharding_type"], case["kernel"], world, os.path.join(directory, "disk"))
     steps = sum(SAVES)
     for step in range(steps):
         train_step(model, case["kind"], step, world)
-    dcp.save({"model": model.state_dict(), "optim": model.fused_optimizer.state_dict()},
-             checkpoint_id=os.path.join(directory, "dcp"), process_group=world)
+    damage = case.get("damage", "")
+    checkpoint = os.path.join(directory, "dcp")
+    dcp.save(_damaged_save(model, case["kind"], damage), checkpoint_id=checkpoint, process_group=world)
+    if damage == "cut_short" and world.rank() == 0:  # half of one file, as a copy interrupted midway leaves it
+        shutil.copytree(checkpoint, checkpoint + "-intact")
+        first = sorted(f for f in os.listdir(checkpoint) if f.endswith(".distcp"))[0]
+        os.truncate(os.path.join(checkpoint, first), os.path.getsize(os.path.join(checkpoint, first)) // 2)
+    dist.barrier(group=world)
     saved = gathered_rows(model, world)
     outputs = [train_step(model, case["kind"], steps + k, world) for k in range(CONTINUE)]
     final, final_stats = gathered_rows(model, world), stats(model, world, hash_only=True)
@@ -391,28 +494,108 @@ def dcp_action(case: Dict[str, Any], world: Any, directory: str) -> Dict[str, An
     if pg is None:
         return {}
     disk = tempfile.mkdtemp(prefix="disk-", dir=directory) if pg.rank() == 0 else None
-    other = {**case, "dim": case.get("load_dim", DIM), "optimizer": case.get("load_optimizer", case["optimizer"])}
+    other = {**case, "dim": case.get("load_dim", DIM), "optimizer": case.get("load_optimizer", case["optimizer"]),
+             "capacity": case.get("load_capacity")}
     loaded = build(other, case["load_sharding_type"], case["load_kernel"], pg, _broadcast(disk, pg))
+    if damage == "id_twice":  # the save loaded first: the damaged load then writes over rows the table holds
+        _damaged_load(loaded, case["kind"], checkpoint, "", pg)
+        assert not settle_loads(loaded)
     before = gathered_rows(loaded, pg)
-    state = {"model": loaded.state_dict(), "optim": loaded.fused_optimizer.state_dict()}
     try:
-        dcp.load(state, checkpoint_id=os.path.join(directory, "dcp"), process_group=pg)
-        loaded.load_state_dict(state["model"])
-        loaded.fused_optimizer.load_state_dict(state["optim"])
+        _damaged_load(loaded, case["kind"], checkpoint, damage, pg)
+        refusals = settle_loads(loaded)  # tables whose rows were all in are applied now, or refused
     except (CheckpointException, ConfigError) as err:  # reported: a refusal is the expected result of some cases
-        refusals = [str(err)] + settle_loads(loaded)  # tables whose rows were all in are refused now
-        return {"load_error": " | ".join(refusals), "unchanged": row_diff(gathered_rows(loaded, pg), before) == 0.0,
-                "residency": trained_where(loaded, case["kind"], pg)}
+        refusals = [str(err)] + settle_loads(loaded)
+    refusals = sorted({message for rank in _gather(refusals, pg) for message in rank})  # a rank may refuse alone
+    refused = {"load_error": " | ".join(refusals), "unchanged": row_diff(gathered_rows(loaded, pg), before) == 0.0}
+    if damage == "cut_short":  # DCP reports a failed read only after every rank has read: load again (README)
+        _damaged_load(loaded, case["kind"], checkpoint + "-intact", "", pg)
+        refused["reload_refusals"] = sum(len(r) for r in _gather(settle_loads(loaded), pg))
+    elif refusals:
+        return {**refused, "residency": trained_where(loaded, case["kind"], pg)}
     rows = gathered_rows(loaded, pg)
     after = [train_step(loaded, case["kind"], steps + k, pg) for k in range(CONTINUE)]
     same = (case["load_sharding_type"], case["load_kernel"], pg.size()) == (
         case["sharding_type"], case["kernel"], world.size())
     loaded_stats = stats(loaded, pg, hash_only=True)  # the policies' decisions (hits, evictions, admissions)
-    return {"load_error": "", "rows_err": row_diff(rows, saved), "ids": sum(len(ids) for ids in rows.values()),
+    return {**refused, "rows_err": row_diff(rows, saved), "ids": sum(len(ids) for ids in rows.values()),
             "fwd_err": output_diff(after, outputs), "final_err": row_diff(gathered_rows(loaded, pg), final),
             "same_layout": same, "exact": same,
             "stats_err": float(max(abs(loaded_stats.get(k, 0) - final_stats.get(k, 0)) for k in final_stats)),
             "residency": trained_where(loaded, case["kind"], pg)}
+
+
+#: A dcp case's ``damage``, done by hand to the save or the load -> what the refusal must say (any one of the
+#: alternatives, each a list of fragments). KEY_VALUE tables must be left as they were; FUSED tables are written
+#: in place by DCP, as in stock TorchRec (the README: load again before training), so only the refusal is checked.
+DAMAGES: Dict[str, List[List[str]]] = {
+    # copy_ into some rows of one window of table 'plain' (as TorchRec's test harness writes), no dcp.load
+    "part_of_a_table": [["KEY_VALUE table 'plain'", "values", "nothing was changed"]],
+    # after dcp.load, one held ID written into a second row of table 'user' on every rank
+    "id_twice": [["'user'", "an ID twice", "nothing was changed"]],
+    # half of one .distcp file: DCP fails (then the intact copy is loaded, and must restore the saved model)
+    "cut_short": [["CheckpointException"]],
+    # each rank's policy_state entry of table 'user' cut to 100 bytes at the save
+    "policy_state": [["hash table 'user'", "its policy_state entry cannot be read"]],
+    # the model's state_dict without 'user.weight_id' (rows without their IDs)
+    "rows_without_ids": [["hash table 'user'", "without the ID of each row"]],
+    # saved table_wise, loaded row_wise: IDs onto shards that do not own them (refused by the placement check, or
+    # by DCP: no saved policy state for a shard)
+    "misplaced_key_value": [["do not belong to it", "KEY_VALUE table '"],
+                            ["Missing key in checkpoint state_dict", ".policy_state."]],
+    # the same with FUSED tables, the model alone (no policy state asked for): the placement check must refuse
+    "model_only": [["hash table '", "puts IDs on a shard that does not own them", "torchrec_ascend.Saver"]],
+}
+#: A round trip's ``damage`` on the last rank alone (:func:`refused_load`) -> (what every rank's refusal says, what).
+SAVER_DAMAGES: Dict[str, Tuple[List[str], str]] = {
+    "flipped_byte": (["checksum", "StorageError"], "a flipped byte in the last rank's rows"),
+    "host_memory": (["CapacityError", "table '", "host memory"], "too little host memory on the last rank"),
+}
+
+
+def _damaged_save(model: Any, kind: str, damage: str) -> Dict[str, Any]:
+    """What a dcp case saves: the model's and its fused optimizer's state_dict, damaged as ``damage`` says."""
+    state = {"model": model.state_dict(), "optim": model.fused_optimizer.state_dict()}
+    if damage == "policy_state":
+        entries = state["optim"]["state"][f"{_collection(kind)}.user.weight"]["user.policy_state"]
+        for shard in [key for key in entries if key != "version"]:
+            entries[shard] = entries[shard][:100]
+    return state
+
+
+def _damaged_load(model: Any, kind: str, checkpoint: str, damage: str, pg: Any) -> None:
+    """Load ``checkpoint`` into ``model`` the stock way (dcp.load, then both load_state_dict), damaged as asked."""
+    prefix = _collection(kind)
+    if damage == "id_twice":  # into a model that holds the save: its rows again, one of its IDs in a second row
+        model_state = model.state_dict()
+        weights, ids = (model_state[f"{prefix}.user.{name}"].local_shards()[0].tensor for name in ("weight",
+                                                                                                  "weight_id"))
+        twice = ids.clone()
+        held = (twice[:, 0] >= 0).nonzero().squeeze(1)
+        twice[held[1]] = twice[held[0]]
+        weights.copy_(weights.clone())
+        ids.copy_(twice)
+        return
+    if damage == "model_only":  # no optimizer state_dict: no policy state asked for
+        model_state = model.state_dict()
+        dcp.load({"model": model_state}, checkpoint_id=checkpoint, process_group=pg)
+        model.load_state_dict(model_state)
+        return
+    state = {"model": model.state_dict(), "optim": model.fused_optimizer.state_dict()}
+    if damage == "part_of_a_table":
+        window = state["model"][f"{prefix}.plain.weight"].local_shards()[0].tensor
+        window.narrow(0, 0, 4).copy_(torch.zeros(4, window.shape[1]))
+        return
+    if damage == "rows_without_ids":
+        del state["model"][f"{prefix}.user.weight_id"]
+    dcp.load(state, checkpoint_id=checkpoint, process_group=pg)
+    model.load_state_dict(state["model"])
+    model.fused_optimizer.load_state_dict(state["optim"])
+
+
+def _collection(kind: str) -> str:
+    """The state_dict prefix of a collection's tables: ``embeddings`` (EC) or ``embedding_bags`` (EBC)."""
+    return "embeddings" if kind == "ec" else "embedding_bags"
 
 
 def trained_where(model: Any, kind: str, pg: Any) -> Dict[str, List[str]]:
@@ -512,9 +695,10 @@ def run_case(case: Dict[str, Any], world: Any) -> Dict[str, Any]:
         pg = first_ranks(world, case["load_world_size"])
         result: Dict[str, Any] = {**saved}
         if pg is not None:
-            same = (case["load_sharding_type"], case["load_kernel"], pg.size()) == (
-                case["sharding_type"], case["kernel"], world.size())
-            result.update(load_action(case, case["load_sharding_type"], case["load_kernel"], pg, directory, same))
+            same = (case["load_sharding_type"], case["load_kernel"], pg.size(), case.get("load_capacity")) == (
+                case["sharding_type"], case["kernel"], world.size(), None)
+            spec = {**case, "capacity": case.get("load_capacity")}
+            result.update(load_action(spec, case["load_sharding_type"], case["load_kernel"], pg, directory, same))
     return result
 
 
