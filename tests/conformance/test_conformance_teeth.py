@@ -7,13 +7,14 @@ eviction, the KEY_VALUE swap of optimizer state, the Saver, the dedup reverse in
 in FUSED and KEY_VALUE, the pins of the batch in compute, the IDs an incremental save removes, KEY_VALUE tables and
 their policy state in stock ``state_dict()``, a FUSED hash table's prefetch, the size of a ``load_factor=1.0``
 cache, the eviction cadence's protection of young rows and its interval, the refusal of a sharding type hash tables
-do not support, the policy step of a batch; each again on the emulated NPU, run on the cases it must fail alone with
-``--case``), two more whose cases run in full runs only (a Saver load refused on one rank alone, a KEY_VALUE load
-holding an ID twice; CPU and emulated NPU, ``--case``), and on the emulated NPU only a dropped host-to-device copy and the stream-order check's faults: a
-missing stage wait, a missing ``record_stream``, a host read of an in-flight copy. The same command without the
-fault is the control: it must pass, so the failures come from the fault; each fault must fail the cases that
-exercise the broken part, the check named. Broken policy: ``broken_policy_plugin.py`` is registered in-process and
-checked with ``--policy`` next to a healthy one. Oracle: exit status and the JUnit report, case by case.
+do not support, the policy step of a batch, the reserved row rejected IDs read; each again on the emulated NPU, run
+on the cases it must fail alone with ``--case``), two more whose cases run in full runs only (a Saver load refused
+on one rank alone, a KEY_VALUE load holding an ID twice; CPU and emulated NPU, ``--case``), and on the emulated NPU
+only a dropped host-to-device copy and the stream-order check's faults: a missing stage wait, a missing
+``record_stream``, a host read of an in-flight copy. The same command without the fault is the control: it must
+pass, so the failures come from the fault; each fault must fail the cases that exercise the broken part, the check
+named. Broken policy: ``broken_policy_plugin.py`` is registered in-process and checked with ``--policy`` next to a
+healthy one. Oracle: exit status and the JUnit report, case by case.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def run_cli(args: List[str], tmp_path: Path, env: Dict[str, str]) -> Tuple[int, 
 #: Every other case must pass.
 REUSED_ROW = "test_case[reused_row-ebc-row_wise-{}-rowwise_adagrad]"
 CADENCE = "test_case[cadence-ebc-table_wise-{}]"
+ADMISSION = "test_case[admission-ebc-table_wise-{}]"
 PINNED = "test_case[pipeline-row_wise-rowwise_adagrad-40-2-20-8]"  # also bit for bit against FUSED
 #: KEY_VALUE behind the pipeline on 2 ranks, bit for bit against FUSED; on the emulated NPU its compute thread is
 #: held to a copy and sync budget.
@@ -132,6 +134,9 @@ OWN_FAULTS: Dict[str, Tuple[str, Set[str], Any]] = {
                             "while mature ones"),
     "cadence_every_step": ("hash_tables", {CADENCE.format("fused"), CADENCE.format("key_value")},
                            "the rules ask for"),
+    # Admission: rejected IDs read not_admitted_value (the reserved row, rewritten before every lookup).
+    "not_admitted_row_trained": ("hash_tables", {ADMISSION.format("fused"), ADMISSION.format("key_value")},
+                                 "differ from the admission oracle"),
     "hash_sharding_unchecked": ("errors", {"test_case[unsupported_sharding-table_row_wise-by_hand]",
                                            "test_catalogue[constraints-hash_table_row_wise_sharding]"},
                                 "expected a ConfigError, got no error"),

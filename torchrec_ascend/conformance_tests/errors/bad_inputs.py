@@ -32,14 +32,14 @@ from typing import Any, Dict, NoReturn, Optional
 import torch
 import torchrec
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner import ParameterConstraints
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_row_wise, table_wise
 from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv, ShardingPlan
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.conformance_tests.plugin.runner import start_rank
+from torchrec_ascend.conformance_tests.plugin.runner import planned, start_rank
 from torchrec_ascend.shutdown import end_rank
 
 DIM = 8
@@ -78,12 +78,7 @@ def shard(module: torch.nn.Module, sharding_type: str, pg: Any, kernel: str = "f
         name: ParameterConstraints(sharding_types=[types[name]], compute_kernels=[kernel], **(key_value or {}))
         for name in TABLES
     }
-    device = script_device()
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=pg.size(), compute_device=device.type),
-                                       constraints=constraints)
-    sharders = get_default_hybrid_sharders()
-    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=device,
-                                    plan=planner.plan(module, sharders), sharders=sharders)
+    return planned(module, constraints, pg)
 
 
 def shard_by_hand(module: torch.nn.Module, pg: Any, item_sharding: Any) -> Any:

@@ -31,14 +31,13 @@ import torch
 import torch.distributed as dist
 import torchrec
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.distributed.planner import ParameterConstraints
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
+from torchrec_ascend import HashEmbeddingBagConfig
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.conformance_tests.plugin.runner import residency
+from torchrec_ascend.conformance_tests.plugin.runner import key_value_options, planned, residency
 from torchrec_ascend.kernels.fused import HashRows
 from torchrec_ascend.kernels.walk import sharded_kernels
 
@@ -58,17 +57,10 @@ def build(kernel: str, pg: Any, directory: str) -> DistributedModelParallel:
         eviction_options={"ttl_steps": TTL}, eviction_cadence=CADENCE,
     ) for table in TABLES])
     apply_optimizer_in_backward(torch.optim.SGD, [ebc.embedding_bags[t].weight for t in TABLES], {"lr": 0.1})
-    constraints = {table: ParameterConstraints(
-        sharding_types=["table_wise"], compute_kernels=[kernel],
-        cache_params=CacheParams(load_factor=ROWS / KEY_VALUE_ROWS) if key_value else None,
-        key_value_params=KeyValueParams(l2_cache_size=1 / 1024, ssd_storage_directory=directory) if key_value else None,
-    ) for table in TABLES}
-    device = script_device()
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=pg.size(), compute_device=device.type),
-                                       constraints=constraints)
-    sharders = get_default_hybrid_sharders()
-    return DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(pg), device=device,
-                                    plan=planner.plan(ebc, sharders), sharders=sharders)
+    options = key_value_options(kernel, ROWS / KEY_VALUE_ROWS, 1, directory)
+    constraints = {table: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=[kernel], **options)
+                   for table in TABLES}
+    return planned(ebc, constraints, pg)
 
 
 def batch_ids(step: int, rank: int, table: int) -> List[int]:

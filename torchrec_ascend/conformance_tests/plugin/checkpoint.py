@@ -60,12 +60,11 @@ import torch.distributed.checkpoint as dcp
 import torchrec
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.distributed.planner import ParameterConstraints
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
+from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig
 from torchrec_ascend.checkpoint import Saver, dense_state_dict, restore
 from torchrec_ascend.checkpoint.key_value_state import settle_loads
 from torchrec_ascend.checkpoint.saver import local_shards
@@ -74,7 +73,14 @@ from torchrec_ascend.checkpoint.versions import resolve_chain
 from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin import gone_ids
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, rows_of
-from torchrec_ascend.conformance_tests.plugin.runner import first_ranks, main, residency, shared_directory
+from torchrec_ascend.conformance_tests.plugin.runner import (
+    first_ranks,
+    key_value_options,
+    main,
+    planned,
+    residency,
+    shared_directory,
+)
 from torchrec_ascend.errors import CapacityError, ConfigError, StorageError
 
 DIM = 16
@@ -273,18 +279,10 @@ def build(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, disk: 
         (n, capacity, kernel, sharding_type) for n, _ in HASH_TABLES
     ] + [("plain", PLAIN_ROWS, "key_value", plain_sharding)]:
         shard_rows = rows // world if table_sharding == "row_wise" else rows
-        key_value = table_kernel == "key_value"
         constraints[name] = ParameterConstraints(
             sharding_types=[table_sharding], compute_kernels=[table_kernel], min_partition=8,
-            cache_params=CacheParams(load_factor=min(1.0, CACHE_ROWS / shard_rows)) if key_value else None,
-            key_value_params=KeyValueParams(l2_cache_size=HOST_KB / 1024**2, ssd_storage_directory=disk)
-            if key_value else None,
-        )
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device=device.type),
-                                       constraints=constraints)
-    sharders = get_default_hybrid_sharders()
-    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=device,
-                                    plan=planner.plan(module, sharders), sharders=sharders)
+            **key_value_options(table_kernel, min(1.0, CACHE_ROWS / shard_rows), HOST_KB / 1024, disk))
+    return planned(module, constraints, pg)
 
 
 def global_batch(step: int) -> Dict[str, Tuple[torch.Tensor, torch.Tensor]]:
@@ -638,13 +636,7 @@ def _dense_round_trip(world: Any, directory: str) -> Dict[str, Any]:
         model = DenseOnTop(ebc, seed)
         constraints = {name: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"])
                        for name in ("user", "plain")}
-        planner = EmbeddingShardingPlanner(
-            topology=Topology(world_size=world.size(), compute_device=script_device().type), constraints=constraints
-        )
-        sharders = get_default_hybrid_sharders()
-        dmp = DistributedModelParallel(model, env=ShardingEnv.from_process_group(world), device=script_device(),
-                                       plan=planner.plan(model, sharders), sharders=sharders)
-        return dmp, list(model.dense.parameters())
+        return planned(model, constraints, world), list(model.dense.parameters())
 
     def batch(step: int) -> KeyedJaggedTensor:
         kjt, _ = local_part(step, world.rank(), world.size())

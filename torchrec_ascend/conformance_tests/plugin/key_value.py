@@ -30,17 +30,22 @@ from typing import Any, Dict, List
 
 import torch
 import torchrec
-from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.distributed.planner import ParameterConstraints
 from torchrec.modules.embedding_configs import DataType, PoolingType
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
+from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig
 from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin.hash_tables import OPTIMIZERS, max_row_diff, rows_of, sharded_rows
-from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, counted_on_this_thread, main, residency
+from torchrec_ascend.conformance_tests.plugin.runner import (
+    count_transfers,
+    counted_on_this_thread,
+    key_value_options,
+    main,
+    planned,
+    residency,
+)
 from torchrec_ascend.kernels.key_value import cache_metrics
 
 DIM = 8
@@ -93,24 +98,15 @@ def make_batch(step: int, rank: int, variant: str = "", world: int = 1, max_len:
 
 
 def shard(module: torch.nn.Module, case: Dict[str, Any], key_value: bool, pg: Any, directory: str) -> Any:
-    world = pg.size()
+    world, kernel = pg.size(), "key_value" if key_value else "fused"
     constraints = {}
     for name, capacity, _ in TABLES:
         shard_rows = capacity // world if case["sharding_type"] == "row_wise" else capacity
-        constraints[name] = ParameterConstraints(
-            sharding_types=[case["sharding_type"]],
-            compute_kernels=["key_value" if key_value else "fused"],
-            cache_params=CacheParams(load_factor=case["cache_rows"] / shard_rows) if key_value else None,
-            key_value_params=KeyValueParams(
-                l2_cache_size=case["host_kb"] / 1024**2, ssd_storage_directory=directory
-            ) if key_value else None,
-        )
-    device = script_device()
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device=device.type),
-                                       constraints=constraints)
-    sharders = get_default_hybrid_sharders()
-    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=device,
-                                    plan=planner.plan(module, sharders), sharders=sharders)
+        options = key_value_options(kernel, case["cache_rows"] / shard_rows, case["host_kb"] / 1024, directory
+                                    ) if key_value else {}  # FUSED cases have no cache size
+        constraints[name] = ParameterConstraints(sharding_types=[case["sharding_type"]], compute_kernels=[kernel],
+                                                 **options)
+    return planned(module, constraints, pg)
 
 
 def build(case: Dict[str, Any], key_value: bool, pg: Any, directory: str) -> Any:

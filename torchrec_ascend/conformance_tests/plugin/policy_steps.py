@@ -17,14 +17,12 @@ from typing import Any, Dict, List
 import torch
 import torch.distributed as dist
 import torchrec
-from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.distributed.planner import ParameterConstraints
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
+from torchrec_ascend import HashEmbeddingBagConfig
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.conformance_tests.plugin.runner import residency
+from torchrec_ascend.conformance_tests.plugin.runner import key_value_options, planned, residency
 from torchrec_ascend.kernels.fused import HashRows
 from torchrec_ascend.kernels.walk import sharded_kernels
 
@@ -41,17 +39,10 @@ def build(case: Dict[str, Any], pg: Any, directory: str) -> torch.nn.Module:
     device = script_device()
     if case["sharding_type"] == "unsharded":
         return ebc.to(device)
-    key_value = case["kernel"] == "key_value"
-    constraints = {name: ParameterConstraints(
-        sharding_types=[case["sharding_type"]], compute_kernels=[case["kernel"]],
-        cache_params=CacheParams(load_factor=0.5) if key_value else None,
-        key_value_params=KeyValueParams(l2_cache_size=1 / 1024, ssd_storage_directory=directory) if key_value else None,
-    ) for name in FEATURES}
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=pg.size(), compute_device=device.type),
-                                       constraints=constraints)
-    sharders = get_default_hybrid_sharders()
-    return DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(pg), device=device,
-                                    plan=planner.plan(ebc, sharders), sharders=sharders)
+    constraints = {name: ParameterConstraints(sharding_types=[case["sharding_type"]], compute_kernels=[case["kernel"]],
+                                              **key_value_options(case["kernel"], 0.5, 1, directory))
+                   for name in FEATURES}
+    return planned(ebc, constraints, pg)
 
 
 def make_batch(step: int, rank: int) -> KeyedJaggedTensor:

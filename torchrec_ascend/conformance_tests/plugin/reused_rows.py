@@ -30,15 +30,14 @@ import torch
 import torch.distributed as dist
 import torchrec
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.distributed.planner import ParameterConstraints
 from torchrec.optim import RowWiseAdagrad
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
+from torchrec_ascend import HashEmbeddingBagConfig
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.conformance_tests.plugin.runner import residency
+from torchrec_ascend.conformance_tests.plugin.runner import key_value_options, planned, residency
 from torchrec_ascend.kernels.fused import HashRows
 from torchrec_ascend.kernels.walk import sharded_kernels
 from torchrec_ascend.native import reference
@@ -96,15 +95,8 @@ def build(kernel: str, sharding_type: str, pg: Any, directory: str, shards: Opti
     apply_optimizer_in_backward(cls, [ebc.embedding_bags[TABLE].weight], {"lr": LR, "eps": EPS})
     constraints = {TABLE: ParameterConstraints(
         sharding_types=[sharding_type], compute_kernels=[kernel],
-        cache_params=CacheParams(load_factor=SHARD_ROWS / KEY_VALUE_SHARD_ROWS) if key_value else None,
-        key_value_params=KeyValueParams(l2_cache_size=1 / 1024, ssd_storage_directory=directory) if key_value else None,
-    )}
-    device = script_device()
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device=device.type),
-                                       constraints=constraints)
-    sharders = get_default_hybrid_sharders()
-    return DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(pg), device=device,
-                                    plan=planner.plan(ebc, sharders), sharders=sharders)
+        **key_value_options(kernel, SHARD_ROWS / KEY_VALUE_SHARD_ROWS, 1, directory))}
+    return planned(ebc, constraints, pg)
 
 
 class FreshRows:

@@ -24,8 +24,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set
 
 import torch
 import torch.distributed as dist
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_ascend import get_default_hybrid_sharders
+from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.stock.case_loop import (  # noqa: F401  (the scripts' API, re-exported)
     TRANSFER_KEYS,
     devices_of,
@@ -34,6 +39,37 @@ from torchrec_ascend.conformance_tests.stock.case_loop import (  # noqa: F401  (
     residency,
     start_rank,
 )
+
+
+def planned(module: torch.nn.Module, constraints: Dict[str, Any], pg: Any,
+            sharders: Optional[List[Any]] = None) -> DistributedModelParallel:
+    """``module`` planned by TorchRec's planner under ``constraints`` (table -> ParameterConstraints) for ``pg``'s
+    ranks, and sharded by DistributedModelParallel on the suite's device (the default hybrid sharders unless given).
+
+    Example::
+
+        dmp = planned(ebc, {"user": ParameterConstraints(sharding_types=["row_wise"])}, pg)
+    """
+    device = script_device()
+    sharders = sharders or get_default_hybrid_sharders()
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=pg.size(), compute_device=device.type),
+                                       constraints=constraints)
+    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=device,
+                                    plan=planner.plan(module, sharders), sharders=sharders)
+
+
+def key_value_options(kernel: str, load_factor: float, host_mb: float, directory: str) -> Dict[str, Any]:
+    """A table's ParameterConstraints options for ``kernel``: for ``key_value`` a device cache of ``load_factor`` of
+    the shard and ``host_mb`` MB of host memory over a disk tier in ``directory``; none for ``fused``.
+
+    Example::
+
+        ParameterConstraints(compute_kernels=["key_value"], **key_value_options("key_value", 0.5, 1 / 1024, disk))
+    """
+    if kernel != "key_value":
+        return {}
+    return {"cache_params": CacheParams(load_factor=load_factor),
+            "key_value_params": KeyValueParams(l2_cache_size=host_mb / 1024, ssd_storage_directory=directory)}
 
 
 @contextlib.contextmanager
