@@ -290,6 +290,14 @@ FULL_RUN_FAULTS: Dict[str, Tuple[str, Set[str], str]] = {
     # A KEY_VALUE load holding an ID twice is refused naming the table, the model unchanged.
     "ids_twice_accepted": ("checkpoint", {REFUSED.format("dcp", "rowwise_adagrad", "refused-id_twice")},
                            "must be refused saying"),
+    # ADAM: a reused row starts Adam from zero; its step count and moments go through the Saver and DCP.
+    "fresh_state_fused": ("hash_tables", {"test_case[reused_row-ebc-row_wise-fused-adam]"},
+                          "does not train as a new row"),
+    "fresh_state_key_value": ("hash_tables", {"test_case[reused_row-ebc-row_wise-key_value-adam]"},
+                              "does not train as a new row"),
+    "saver_row": ("checkpoint", {"test_case[round_trip-ebc-row_wise-key_value-adam-default-row_wise-key_value-2]"},
+                  "do not restore"),
+    "kv_state_dict_placeholder": ("checkpoint", {REFUSED.format("dcp", "adam", "loaded")}, "'user'"),
 }
 
 
