@@ -44,6 +44,8 @@ Faults in torchrec-ascend's own parts:
   may propose it, a hand-written plan is not refused).
 * ``whole_shard_short``: a KEY_VALUE cache of ``CacheParams(load_factor=1.0)`` is sized as one of 1/16 (fewer rows
   than the distinct IDs the check's traffic brings to a shard), so it evicts.
+* ``not_admitted_row_trained``: the ID mapper writes each table's reserved row (the vector rejected IDs read) at its
+  first lookup only, so the gradients of rejected IDs train it and later rejected IDs read a trained row.
 
 Faults only the emulated NPU's stream-order check sees (work there runs synchronously on the host, so the numbers
 stay right; on hardware they would not):
@@ -417,6 +419,19 @@ def _prefetched_rows_unrecorded_patch() -> None:
     id_mapper.handed_to_this_stream = lambda tensor: tensor
 
 
+def _not_admitted_row_trained_patch() -> None:
+    from torchrec_ascend.kernels.id_mapper import IdMapper
+
+    original = IdMapper._rewrite_default_rows
+
+    def rewrite_default_rows(self: Any, moved: Any) -> None:
+        if not getattr(self, "fault_default_rows_written", False):
+            self.fault_default_rows_written = True
+            original(self, [True] * len(moved))
+
+    IdMapper._rewrite_default_rows = rewrite_default_rows
+
+
 def _fused_not_prefetched_patch() -> None:
     from torchrec_ascend.adapters import lookups
 
@@ -469,6 +484,7 @@ FAULTS = {
     "prefetched_rows_unrecorded": _after_import("torchrec_ascend.kernels.id_mapper",
                                                 _prefetched_rows_unrecorded_patch),
     "fused_not_prefetched": _after_import("torchrec_ascend.adapters.lookups", _fused_not_prefetched_patch),
+    "not_admitted_row_trained": _after_import("torchrec_ascend.kernels.id_mapper", _not_admitted_row_trained_patch),
     "load_not_agreed": _after_import("torchrec_ascend.checkpoint.collectives", _load_not_agreed_patch),
     "ids_twice_accepted": _after_import("torchrec_ascend.checkpoint.key_value_state", _ids_twice_accepted_patch),
 }

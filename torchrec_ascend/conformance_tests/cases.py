@@ -233,12 +233,13 @@ def hash_table_cases(profile: Any, world_size: int, quick: bool) -> List[Case]:
     tables sharded with ``use_index_dedup``, stock ``state_dict()`` round trips through
     torch.distributed.checkpoint (same plan per sharding type, and row_wise into table_wise), the
     :data:`HASH_VARIANTS` and the ADAM ``reused_row`` cases. ``quick``: one pooled
-    row-wise case and one row-wise sequence case with index dedup.
+    row-wise case and one row-wise sequence case with index dedup, with the ``reused_row``, ``cadence`` and
+    ``admission`` promise cases and the first two ``policy_steps`` ones.
     """
     cases = _grid(profile, world_size, HASH_SHARDING_TYPES, lambda *_: {})
     runnable = [c for c in cases if not c.skip and c.params["optimizer"] == "rowwise_adagrad"]
     dedup = [Case({**c.params, "dedup": "index_dedup"}, c.expect) for c in runnable if c.params["kind"] == "ec"]
-    promises = reused_row_cases(profile) + cadence_cases(profile)
+    promises = reused_row_cases(profile) + cadence_cases(profile) + admission_cases(profile)
     steps = policy_step_cases(profile)
     if quick:
         return (_quick(cases, ("ebc-row_wise-rowwise_adagrad",))
@@ -281,6 +282,26 @@ def cadence_cases(profile: Any) -> List[Case]:
     kernels = [k for k in ("fused", "key_value") if k in profile.compute_kernels]
     why = "" if "table_wise" in profile.sharding_types else f"{profile.device_type} offers no table_wise sharding"
     return [Case({"promise": "cadence", "kind": "ebc", "sharding_type": "table_wise", "kernel": kernel}, skip=why)
+            for kernel in kernels]
+
+
+def admission_cases(profile: Any) -> List[Case]:
+    """A rejected ID reads ``not_admitted_value`` and gets no row (``plugin/admission.py``): one table_wise case per
+    hash kernel the device offers (FUSED, KEY_VALUE); in quick runs too.
+
+    Example::
+
+        [c.id for c in admission_cases(profile_for("cpu"))]
+        # ['admission-ebc-table_wise-fused', 'admission-ebc-table_wise-key_value']
+    """
+    kernels = [k for k in ("fused", "key_value") if k in profile.compute_kernels]
+    if "EXACT_ROWWISE_ADAGRAD" not in profile.fused_optimizers:  # the script's optimizer
+        why = f"EXACT_ROWWISE_ADAGRAD is not supported on {profile.device_type}"
+    elif "table_wise" not in profile.sharding_types:
+        why = f"{profile.device_type} offers no table_wise sharding"
+    else:
+        why = ""
+    return [Case({"promise": "admission", "kind": "ebc", "sharding_type": "table_wise", "kernel": kernel}, skip=why)
             for kernel in kernels]
 
 

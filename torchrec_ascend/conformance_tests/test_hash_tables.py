@@ -7,13 +7,15 @@ and the optimizer written out. The ``reused_row`` cases: an ID that takes over a
 KEY_VALUE; row-wise Adagrad, and in full runs Adam) trains exactly as a brand-new row in plain Python. The
 ``policy_steps`` cases: a table read by two features takes one policy step per batch (oracle: the batches trained).
 The ``cadence`` cases: a pool evicts when, how much and what ``eviction_cadence`` says (oracle: its rules written
-out in plain Python, checked batch by batch).
+out in plain Python, checked batch by batch). The ``admission`` cases: a rejected ID reads ``not_admitted_value`` and
+gets no row, an admitted one trains as a new row (oracle: the ``count`` rule and row-wise Adagrad written out in
+plain Python, checked batch by batch and on the final rows).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List
 
 from torchrec_ascend.conformance_tests.cases import Case, hash_table_cases
 from torchrec_ascend.conformance_tests.config import SuiteConfig
@@ -54,6 +56,9 @@ def test_case(case: Case, request: Any) -> None:
             "the trace did not exercise every cadence rule (each count must be positive): "
             + ", ".join(f"{k}={r[k]}" for k in shown))
         return
+    if case.params.get("promise") == "admission":  # a rejected ID reads not_admitted_value and gets no row
+        check_admission(r, case.params["kernel"])
+        return
     if "state_dict" in case.params:  # state_dict() and the fused optimizer's through DCP, into the same plan
         assert not r["load_error"], r["load_error"]
         assert not r["shape_errors"], f"the not-admitted row shows in the state_dicts: {r['shape_errors']}"
@@ -71,3 +76,19 @@ def test_case(case: Case, request: Any) -> None:
         f"{r['ids']} IDs own rows across the shards, {r['expected_ids']} were seen: every ID must own exactly one row"
     )
     assert r["index_dedup"] == ("dedup" in case.params), "the sharded module must dedup exactly when the case asks"
+
+
+def check_admission(r: Dict[str, Any], kernel: str) -> None:
+    """The admission case's result (``plugin/admission.py``) against its plain-Python count rule."""
+    assert r["admitted"] > 0 and r["rejected"] > 0 and r["late"] > 0, (
+        f"the traffic admitted {r['admitted']} IDs, {r['late']} of them after a rejection, and left {r['rejected']} "
+        "rejected: the case proves nothing unless each is positive")
+    assert kernel != "key_value" or r["swapped_in"] > 0, (
+        "no admitted row came back to the KEY_VALUE cache from host memory: the case proves nothing about them")
+    assert not r["unexpected"] and not r["missing"], (
+        f"rejected IDs hold rows ({r['unexpected']}) or admitted IDs hold none ({r['missing']}): exactly the IDs the "
+        "count rule admits must get a row")
+    assert r["fwd_err"] <= TOLERANCE and r["row_err"] <= TOLERANCE, (
+        f"outputs differ from the admission oracle by {r['fwd_err']} (batches {r['bad_steps']} on rank 0), final rows "
+        f"by {r['row_err']}: a rejected ID must read not_admitted_value and train nothing, an admitted one train as "
+        "a new row")

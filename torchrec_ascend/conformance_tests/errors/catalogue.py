@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional, Type
 from unittest import mock
 
 import torch
+from torchrec.distributed.planner.types import PlannerError
 
 from torchrec_ascend.errors import BackendError, CapacityError, ConfigError, PluginError, StorageError
 
@@ -326,6 +327,26 @@ def _key_value(scratch: Path, load_factor: float = 0.5, disk: Optional[Path] = N
              tables=[_config()])(scratch)
 
 
+def _caches_past_hbm(scratch: Path) -> None:
+    """Plan (nothing is sharded) hash table ``user``, 65,536 x 64, KEY_VALUE with a cache of 1/8 of its rows (2.1 MB
+    of weights) on one device of 1 MiB HBM. The topology is the npu's as the stock planner sees it (the profile's
+    planner alias, ``cuda``): a cpu topology has no HBM (the cache counts as host memory there)."""
+    import torchrec
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.types import CacheParams, KeyValueParams
+
+    from torchrec_ascend import get_default_hybrid_sharders
+    from torchrec_ascend.backends.npu import NPU
+
+    module = torchrec.EmbeddingBagCollection(tables=[_config(num_embeddings=65536, embedding_dim=64)],
+                                             device=torch.device("meta"))
+    constraints = {"user": ParameterConstraints(
+        sharding_types=["table_wise"], compute_kernels=["key_value"], cache_params=CacheParams(load_factor=0.125),
+        key_value_params=KeyValueParams(l2_cache_size=1e-6, ssd_storage_directory=str(scratch / "disk")))}
+    topology = Topology(world_size=1, compute_device=NPU.planner.alias, hbm_cap=1 << 20)
+    EmbeddingShardingPlanner(topology=topology, constraints=constraints).plan(module, get_default_hybrid_sharders())
+
+
 def _flipped_segment(scratch: Path) -> None:
     """Spill rows of a KEY_VALUE table to its disk tier, flip bytes of the first record, read the rows back."""
     from torchrec.distributed.types import CacheParams, KeyValueParams
@@ -426,6 +447,8 @@ CATALOGUE: List[BadInput] = [
              ConfigError, "are in one module", _mixed_row_wise, group=True),
     BadInput("constraints", "load_factor", "KEY_VALUE table with `CacheParams(load_factor=1.5)`", ConfigError,
              "must be in (0, 1]", lambda s: _key_value(s, load_factor=1.5), group=True),
+    BadInput("constraints", "caches_past_hbm", "a KEY_VALUE table whose device cache does not fit the topology's "
+             "`hbm_cap` (`planner.plan`)", PlannerError, "of table user", _caches_past_hbm),
     BadInput("IDs", "negative_id", "a negative ID in a batch of an unsharded hash table", ValueError,
              "IDs must be non-negative int64", _bad_inputs_case(kind="negative_id", sharding_type="unsharded"),
              group=True),

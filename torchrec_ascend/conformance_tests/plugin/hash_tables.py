@@ -30,7 +30,9 @@ table's ``num_embeddings`` (the not-admitted row must stay hidden).
 A case with ``"promise": "reused_row"`` checks that an ID taking over an evicted ID's row trains as a new row (FUSED
 or KEY_VALUE, row-wise Adagrad): see ``plugin/reused_rows.py``; ``"promise": "policy_steps"``, that a table read by
 two features takes one policy step per batch: see ``plugin/policy_steps.py``; ``"promise": "cadence"``, that
-``eviction_cadence`` decides when a pool evicts, how much and which rows it protects: see ``plugin/cadence.py``.
+``eviction_cadence`` decides when a pool evicts, how much and which rows it protects: see ``plugin/cadence.py``;
+``"promise": "admission"``, that a rejected ID reads ``not_admitted_value`` and gets no row: see
+``plugin/admission.py``.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.conformance_tests.plugin import cadence, policy_steps, reused_rows
+from torchrec_ascend.conformance_tests.plugin import admission, cadence, policy_steps, reused_rows
 from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency, shared_directory
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import SPARSE_ORACLES, ColumnShardRowWiseAdagrad
 from torchrec_ascend.errors import ConfigError
@@ -367,6 +369,8 @@ def run_case(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
         return policy_steps.run(case, pg)
     if case.get("promise") == "cadence":
         return cadence.run(case, pg)
+    if case.get("promise") == "admission":
+        return admission.run(case, pg)
     rank, world = pg.rank(), pg.size()
     kind, sharding_type, variant = case["kind"], case["sharding_type"], case.get("variant", "")
     opt_cls, opt_kwargs = OPTIMIZERS[case["optimizer"]]
