@@ -46,8 +46,7 @@ import torchrec
 import torchrec.optim as trec_optim
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-from torchrec.distributed.types import ShardingEnv
+from torchrec.distributed.planner import ParameterConstraints
 from torchrec.modules.embedding_configs import PoolingType
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import KeyedOptimizerWrapper
@@ -57,7 +56,13 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend import HashEmbeddingBagConfig, HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
 from torchrec_ascend.conformance_tests.plugin import admission, cadence, policy_steps, reused_rows
-from torchrec_ascend.conformance_tests.plugin.runner import count_transfers, main, residency, shared_directory
+from torchrec_ascend.conformance_tests.plugin.runner import (
+    count_transfers,
+    main,
+    planned,
+    residency,
+    shared_directory,
+)
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import SPARSE_ORACLES, ColumnShardRowWiseAdagrad
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.fused import HashRows
@@ -251,13 +256,7 @@ def shard(
         n: ParameterConstraints(sharding_types=[sharding_type], compute_kernels=[kernel], min_partition=8)
         for n, _, _ in TABLES
     }
-    device = script_device()
-    planner = EmbeddingShardingPlanner(topology=Topology(world_size=pg.size(), compute_device=device.type),
-                                       constraints=constraints)
-    sharders = get_default_hybrid_sharders(use_index_dedup=dedup)
-    plan = planner.plan(module, sharders)
-    return DistributedModelParallel(module, env=ShardingEnv.from_process_group(pg), device=device, plan=plan,
-                                    sharders=sharders)
+    return planned(module, constraints, pg, get_default_hybrid_sharders(use_index_dedup=dedup))
 
 
 def sharded_rows(dmp: torch.nn.Module, pg: Any) -> Dict[Tuple[str, int], torch.Tensor]:
