@@ -81,6 +81,14 @@ A fault of the FUSED hash kernel behind the hybrid pipeline (its compute-budget 
 * ``fused_not_prefetched``: sharded lookups prefetch only cached kernels again (stock TorchRec's rule), so FUSED hash
   tables map their IDs on the compute thread (``hooks/hash_tables.py``'s prefetch patch finds no FUSED kernel).
 
+Faults of cases full runs hold (the checkpoint check's refused loads, stock pipelines):
+
+* ``load_not_agreed``: a rank learns only of its own failure in a Saver load (``Group.agree`` gathers nothing), so
+  the other ranks restore their tables.
+* ``ids_twice_accepted``: a KEY_VALUE load's IDs are not checked for repeats.
+* ``first_prefetch_unordered``: a prefetch before any lookup waits for nothing on the compute stream, so stock
+  PrefetchTrainPipelineSparseDist's first swap-in writes beside the pool's first rows (emulated NPU only).
+
 ``TORCHREC_ASCEND_TEST_FAULT`` may name several faults, comma-separated (of different modules).
 """
 
@@ -454,6 +462,16 @@ def _ids_twice_accepted_patch() -> None:
     TableView._check_ids = lambda self, ids: None
 
 
+def _first_prefetch_unordered_patch() -> None:
+    from torchrec_ascend.kernels.id_mapper import IdMapper
+
+    def wait_for_pool_writes(self: Any, device: Any, forward_stream: Any) -> None:
+        if self._released is not None:  # the lookups' event only: the first prefetch waits for nothing
+            torch.accelerator.current_stream(device).wait_event(self._released)
+
+    IdMapper._wait_for_pool_writes = wait_for_pool_writes
+
+
 FAULTS = {
     "bucketize_off_by_one": _bucketize_off_by_one,
     "drop_update": _drop_update,
@@ -487,6 +505,7 @@ FAULTS = {
     "not_admitted_row_trained": _after_import("torchrec_ascend.kernels.id_mapper", _not_admitted_row_trained_patch),
     "load_not_agreed": _after_import("torchrec_ascend.checkpoint.collectives", _load_not_agreed_patch),
     "ids_twice_accepted": _after_import("torchrec_ascend.checkpoint.key_value_state", _ids_twice_accepted_patch),
+    "first_prefetch_unordered": _after_import("torchrec_ascend.kernels.id_mapper", _first_prefetch_unordered_patch),
 }
 for _name in os.environ[FAULT_ENV].split(","):
     FAULTS[_name]()

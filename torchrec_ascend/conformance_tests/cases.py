@@ -59,10 +59,9 @@ STOCK_VARIANTS: Dict[str, Tuple[Dict[str, Any], Tuple[str, ...]]] = {
     "eval": ({"eval": True}, ("row_wise", "table_wise")),
 }
 #: The full run's stock pipelines against a plain loop: (pipeline, kernel); ``sparse_dist`` with FUSED is the quick
-#: ``pipeline`` case. Not ``prefetch`` with KEY_VALUE: on the emulated NPU the stream-order check reports its swap-in
-#: on the prefetch stream writing the cache's weights after the default stream's, unordered (per allocation: rows
-#: apart would be no race); see the promise register.
-STOCK_PIPELINES = (("sparse_dist", "key_value"), ("prefetch", "fused"), ("eval", "fused"), ("eval", "key_value"))
+#: ``pipeline`` case.
+STOCK_PIPELINES = (("sparse_dist", "key_value"), ("prefetch", "fused"), ("prefetch", "key_value"), ("eval", "fused"),
+                   ("eval", "key_value"))
 #: Types that split a table's columns (every world size) or its rows across ranks (two ranks or more).
 COLUMN_SPLITS = {"column_wise", "table_column_wise", "grid_shard"}
 ROW_SPLITS = {"row_wise", "table_row_wise", "grid_shard"}

@@ -170,14 +170,23 @@ class IdMapper:
             if waiting or not self.fits(on_host):
                 self._prefetched[key] = (indices, None, None)  # later batches must not take rows this one needs first
             else:
-                if self._released is not None:
-                    torch.accelerator.current_stream(indices.device).wait_event(self._released)
+                self._wait_for_pool_writes(indices.device, forward_stream)
                 rows, slots = self.map_on_host(on_host, indices.device)
                 self._prefetched[key] = (indices, rows, self._pin(slots))
             while len(self._prefetched) > self._pipeline_depth + 1:  # batches a pipeline dropped (detach, end)
                 pinned = self._prefetched.popitem(last=False)[1][2]
                 if pinned is not None:
                     self._release(pinned)
+
+    def _wait_for_pool_writes(self, device: torch.device, forward_stream: Any) -> None:
+        """Order this (prefetch) stream after the pool's writes on the compute stream before it evicts and swaps in:
+        those up to the last lookup (the rows it released, the previous batch's update), or before any lookup all of
+        ``forward_stream``'s (the pool's first rows; the emulated npu's stream check caught stock
+        PrefetchTrainPipelineSparseDist's first prefetch writing beside them)."""
+        if self._released is not None:
+            torch.accelerator.current_stream(device).wait_event(self._released)
+        elif forward_stream is not None:
+            torch.accelerator.current_stream(device).wait_stream(forward_stream)
 
     def lookup(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``features`` with raw IDs replaced by rows: the prefetched ones, or chosen now."""
