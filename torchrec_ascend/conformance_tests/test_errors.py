@@ -18,15 +18,14 @@ import importlib.util
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
 import pytest
-import torch.distributed as dist
 
 from torchrec_ascend.conformance_tests.cases import Case, error_cases
 from torchrec_ascend.conformance_tests.config import SuiteConfig
+from torchrec_ascend.conformance_tests.errors import catalogue
 from torchrec_ascend.conformance_tests.errors.catalogue import CATALOGUE, BadInput, message_of
 from torchrec_ascend.conformance_tests.harness import result_of, script_check
 from torchrec_ascend.errors import ConfigError
@@ -65,16 +64,8 @@ def pytest_generate_tests(metafunc: Any) -> None:
 @pytest.fixture(scope="module")
 def one_rank_group() -> Iterator[None]:
     """A gloo group of this process alone (the default group), for the catalogue rows that shard a model."""
-    if dist.is_initialized():  # the suite runs inside a process that has one
+    with catalogue.one_rank_group():
         yield
-        return
-    with tempfile.TemporaryDirectory() as folder:
-        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "store"), 1), rank=0,
-                                world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
 
 
 def test_case(case: Case, request: Any) -> None:

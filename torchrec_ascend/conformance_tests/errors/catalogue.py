@@ -14,15 +14,17 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Type
+from typing import Any, Callable, Dict, Iterator, List, Optional, Type
 from unittest import mock
 
 import torch
@@ -533,20 +535,37 @@ def readme_table(messages: Dict[str, str], width: int = 150) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    """Run every row (on a one-rank gloo group) and print the README table."""
-    import tempfile
+@contextlib.contextmanager
+def one_rank_group() -> Iterator[None]:
+    """A gloo group of this process alone as the default group, for the rows that shard a model (none is made when
+    the process has a default group already: the suite's).
 
+    Example::
+
+        with one_rank_group():
+            message_of(row, scratch)
+    """
     import torch.distributed as dist
 
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(tmp, "store"), 1), rank=0, world_size=1)
+    if dist.is_initialized():
+        yield
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        dist.init_process_group("gloo", store=dist.FileStore(os.path.join(folder, "store"), 1), rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def main() -> None:
+    """Run every row (on a one-rank gloo group) and print the README table."""
+    with tempfile.TemporaryDirectory() as tmp, one_rank_group():
         messages = {}
         for n, row in enumerate(CATALOGUE):
             scratch = Path(tmp) / str(n)
             scratch.mkdir()
             messages[row.kind] = message_of(row, scratch).replace(str(scratch), "DIR")
-        dist.destroy_process_group()
     print(readme_table(messages))
 
 
