@@ -46,6 +46,20 @@ Faults in torchrec-ascend's own parts:
   than the distinct IDs the check's traffic brings to a shard), so it evicts.
 * ``not_admitted_row_trained``: the ID mapper writes each table's reserved row (the vector rejected IDs read) at its
   first lookup only, so the gradients of rejected IDs train it and later rejected IDs read a trained row.
+* ``init_from_slot``: a FUSED pool initialises a new row from its slot (the order IDs arrived in), not from its ID.
+
+Faults of the documented bad-input errors (the errors check):
+
+* ``full_table_silent``: a full table with ``overflow="error"`` raises nothing: the batch reads the reserved row.
+* ``negative_id_unchecked``: the sharded kernels' ID mapper no longer checks IDs, so a negative one reaches the
+  native ID map, whose error names neither the table nor the feature.
+* ``small_cache_silent``: a KEY_VALUE batch with more distinct rows than the cache holds is not refused: the cache
+  makes what room it can and the new IDs that find no row read the reserved one.
+* ``policy_no_suggestion``: an unknown policy name or option is refused without the closest name.
+* ``path_escape_accepted``: a checkpoint's metadata may name a file outside its folder (``../elsewhere/...``): the
+  name is joined as it is.
+* ``disk_checksum_partial``: the KEY_VALUE disk tier's record checksum covers the key and the location but not the
+  row's bytes, so flipped row bytes are read back as they are.
 
 Faults only the emulated NPU's stream-order check sees (work there runs synchronously on the host, so the numbers
 stay right; on hardware they would not):
@@ -81,13 +95,22 @@ A fault of the FUSED hash kernel behind the hybrid pipeline (its compute-budget 
 * ``fused_not_prefetched``: sharded lookups prefetch only cached kernels again (stock TorchRec's rule), so FUSED hash
   tables map their IDs on the compute thread (``hooks/hash_tables.py``'s prefetch patch finds no FUSED kernel).
 
-Faults of cases full runs hold (the checkpoint check's refused loads, stock pipelines):
+Faults of cases full runs hold (the checkpoint check's refused loads and dense path, stock pipelines, catalogue rows,
+stock state_dict round trips):
 
 * ``load_not_agreed``: a rank learns only of its own failure in a Saver load (``Group.agree`` gathers nothing), so
   the other ranks restore their tables.
 * ``ids_twice_accepted``: a KEY_VALUE load's IDs are not checked for repeats.
 * ``first_prefetch_unordered``: a prefetch before any lookup waits for nothing on the compute stream, so stock
   PrefetchTrainPipelineSparseDist's first swap-in writes beside the pool's first rows (emulated NPU only).
+* ``adam_betas_unchecked``: fused ADAM's ``beta1`` and ``beta2`` are not range-checked at sharding.
+* ``cache_estimate_zero``: the planner's estimate of a KEY_VALUE shard's device cache and swap staging is 0 bytes
+  (TorchRec's own figure), so a plan whose caches do not fit ``hbm_cap`` is accepted.
+* ``weight_ids_ignored``: loading a stock ``state_dict()`` takes each FUSED hash table's ``weight_id`` out and
+  restores no ID (the rows come back without their IDs).
+* ``reserved_row_shown``: the fused optimizer is not rebuilt on the hidden config, so its state (and
+  ``fused_optimizer.state_dict()``) still covers each table's reserved row.
+* ``dense_drops_plain``: ``dense_state_dict`` leaves out every table, plain FUSED tables too (not only the Saver's).
 
 ``TORCHREC_ASCEND_TEST_FAULT`` may name several faults, comma-separated (of different modules).
 """
@@ -472,6 +495,150 @@ def _first_prefetch_unordered_patch() -> None:
     IdMapper._wait_for_pool_writes = wait_for_pool_writes
 
 
+def _full_table_silent_patch() -> None:
+    from torchrec_ascend.errors import CapacityError
+    from torchrec_ascend.hash.slot_table import Assignment, SlotTable
+
+    original = SlotTable._insert_all
+
+    def insert_all(self: Any, ids: Any) -> Any:
+        try:
+            return original(self, ids)
+        except CapacityError:  # the batch reads the reserved row instead
+            return Assignment(slots=torch.full_like(ids, self.default_slot))
+
+    SlotTable._insert_all = insert_all
+
+
+def _negative_id_unchecked_patch() -> None:
+    from torchrec_ascend.kernels import id_mapper
+
+    id_mapper.check_non_negative_ids = lambda *args, **kwargs: None
+
+
+def _small_cache_silent_patch() -> None:
+    from torchrec_ascend.errors import CapacityError
+    from torchrec_ascend.hash.slot_table import SlotTable
+
+    original = SlotTable._make_room
+
+    def make_room(self: Any, needed: int, on_evict: Any) -> Any:
+        try:
+            return original(self, needed, on_evict)
+        except CapacityError:
+            if self.overflow == "error":
+                raise
+            # room for what fits; the rest of the batch's new IDs find no row and read the reserved one
+            evictable = (self.last_used <= self.step - self.window) & (self.slot_ids >= 0) & (self.pins == 0)
+            return original(self, min(needed, self.capacity - len(self.id_map) + int(evictable.sum())), on_evict)
+
+    SlotTable._make_room = make_room
+
+
+def _policy_no_suggestion_patch() -> None:
+    from torchrec_ascend.policies import registry
+
+    registry._suggest = lambda name, known: ""
+
+
+def _path_escape_accepted_patch() -> None:
+    import os
+
+    from torchrec_ascend.checkpoint import files
+
+    original = files.confined
+
+    def confined(directory: str, name: Any, what: str) -> str:
+        if isinstance(name, str) and name not in ("", ".", ".."):  # a name with separators is joined as it is
+            return os.path.join(directory, name)
+        return original(directory, name, what)
+
+    files.confined = confined
+
+
+def _disk_checksum_partial_patch() -> None:
+    from torchrec_ascend.kernels.key_value.disk_record import RecordFormat
+
+    original = RecordFormat.__init__
+
+    def __init__(self: Any, width: int, dtype: Any) -> None:
+        original(self, width, dtype)
+        self._multipliers = self._multipliers.copy()
+        self._multipliers[2:] = 0  # the checksum covers the key and the location, not the row's bytes
+
+    RecordFormat.__init__ = __init__
+
+
+def _init_from_slot_patch() -> None:
+    import dataclasses
+
+    from torchrec_ascend.kernels.pool import Pool
+
+    original = Pool.initialise
+
+    def initialise(self: Any, t: int, assignment: Any) -> None:
+        # a new row's initial values are those of its slot (arrival order), not of its ID
+        original(self, t, dataclasses.replace(assignment, new_ids=assignment.new_slots))
+
+    Pool.initialise = initialise
+
+
+def _adam_betas_unchecked_patch() -> None:
+    from torchrec_ascend.kernels import fused_adam
+
+    original = fused_adam.check_hyper_parameters
+
+    def check_hyper_parameters(fused_params: Any, tables: Any) -> None:
+        original({k: v for k, v in (fused_params or {}).items() if k not in ("beta1", "beta2")}, tables)
+
+    fused_adam.check_hyper_parameters = check_hyper_parameters
+
+
+def _weight_ids_ignored_patch() -> None:
+    from torchrec_ascend.checkpoint import stock
+
+    def load_weight_ids(module: Any, state_dict: Any, prefix: str, attr: str) -> None:
+        for name in stock._fused_hash_shards(module):  # taken out of the state_dict, never restored
+            state_dict.pop(f"{prefix}{attr}.{name}.{stock.WEIGHT_ID}", None)
+
+    stock.load_weight_ids = load_weight_ids
+
+
+def _reserved_row_shown_patch() -> None:
+    from torchrec_ascend.adapters.tbe import TBE
+
+    original = TBE.hide_last_rows
+
+    def hide_last_rows(self: Any, config: Any) -> None:
+        optimizer = getattr(self._kernel, "_optim", None)
+        original(self, config)
+        if optimizer is not None:  # the fused optimizer is not rebuilt: its state still covers the whole pool
+            self._kernel._optim = optimizer
+
+    TBE.hide_last_rows = hide_last_rows
+
+
+def _dense_drops_plain_patch() -> None:
+    import re
+
+    from torchrec_ascend.checkpoint import stock
+
+    table = re.compile(r"(^|\.)(embedding_bags|embeddings)\.[^.]+\.(weight|weight_id)$")
+
+    def dense_state_dict(model: Any) -> Any:  # every table left out, plain FUSED ones too (not only the Saver's)
+        return {key: value for key, value in model.state_dict().items() if not table.search(key)}
+
+    stock.dense_state_dict = dense_state_dict
+
+
+def _cache_estimate_zero_patch() -> None:
+    from torchrec_ascend.hooks import planner_storage
+
+    # a KEY_VALUE shard's device cache and swap staging cost nothing in the plan (TorchRec's own figure)
+    planner_storage.key_value_hbm = lambda *args, **kwargs: 0
+    planner_storage.key_value_swap_hbm = lambda *args, **kwargs: 0
+
+
 FAULTS = {
     "bucketize_off_by_one": _bucketize_off_by_one,
     "drop_update": _drop_update,
@@ -506,6 +673,19 @@ FAULTS = {
     "load_not_agreed": _after_import("torchrec_ascend.checkpoint.collectives", _load_not_agreed_patch),
     "ids_twice_accepted": _after_import("torchrec_ascend.checkpoint.key_value_state", _ids_twice_accepted_patch),
     "first_prefetch_unordered": _after_import("torchrec_ascend.kernels.id_mapper", _first_prefetch_unordered_patch),
+    "full_table_silent": _after_import("torchrec_ascend.hash.slot_table", _full_table_silent_patch),
+    "negative_id_unchecked": _after_import("torchrec_ascend.kernels.id_mapper", _negative_id_unchecked_patch),
+    "small_cache_silent": _after_import("torchrec_ascend.hash.slot_table", _small_cache_silent_patch),
+    "policy_no_suggestion": _after_import("torchrec_ascend.policies.registry", _policy_no_suggestion_patch),
+    "path_escape_accepted": _after_import("torchrec_ascend.checkpoint.files", _path_escape_accepted_patch),
+    "disk_checksum_partial": _after_import("torchrec_ascend.kernels.key_value.disk_record",
+                                           _disk_checksum_partial_patch),
+    "init_from_slot": _after_import("torchrec_ascend.kernels.pool", _init_from_slot_patch),
+    "adam_betas_unchecked": _after_import("torchrec_ascend.kernels.fused_adam", _adam_betas_unchecked_patch),
+    "weight_ids_ignored": _after_import("torchrec_ascend.checkpoint.stock", _weight_ids_ignored_patch),
+    "reserved_row_shown": _after_import("torchrec_ascend.adapters.tbe", _reserved_row_shown_patch),
+    "dense_drops_plain": _after_import("torchrec_ascend.checkpoint.stock", _dense_drops_plain_patch),
+    "cache_estimate_zero": _after_import("torchrec_ascend.hooks.planner_storage", _cache_estimate_zero_patch),
 }
 for _name in os.environ[FAULT_ENV].split(","):
     FAULTS[_name]()
