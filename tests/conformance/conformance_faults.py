@@ -111,21 +111,99 @@ stock state_dict round trips):
 * ``reserved_row_shown``: the fused optimizer is not rebuilt on the hidden config, so its state (and
   ``fused_optimizer.state_dict()``) still covers each table's reserved row.
 * ``dense_drops_plain``: ``dense_state_dict`` leaves out every table, plain FUSED tables too (not only the Saver's).
+* ``detach_drops_batches``: ``HybridTrainPipelineSparseDist.detach()`` drops the finished batches it should keep.
+* ``stage_error_misnamed``: a pipeline stage's failure names the batch after the one that failed.
+* ``eval_assigns_rows``: a hash table in eval gives unknown IDs rows (as in training) instead of the not-admitted one.
+* ``rows_without_ids_accepted``: a stock ``state_dict()`` holding a FUSED hash table's rows without ``weight_id`` is
+  loaded (the rows are read as other IDs' rows).
+* ``misplaced_ids_accepted``: a FUSED hash table's ``weight_id`` loads onto shards without the ownership check.
+* ``adam_step_off_by_one``: fused ADAM's bias correction uses the step after the current one.
 
-``TORCHREC_ASCEND_TEST_FAULT`` may name several faults, comma-separated (of different modules).
+More faults of quick checks, of parts outside the kernels:
+
+* ``backend_no_suggestion``: an unknown backend name is refused without the closest valid name.
+* ``patch_fails``: every injection patch raises when applied (as when TorchRec moved its targets).
+* ``swaps_uncounted``: ``cache_metrics`` reports no rows swapped in or out.
+* ``composite_state_partial``: a composed eviction policy (``"ttl+lfu"``) saves its ranker's state alone.
+* ``last_batches_dropped``: ``HybridTrainPipelineSparseDist`` stops when the data runs out, dropping the batches
+  still in flight.
+
+``TORCHREC_ASCEND_TEST_FAULT`` may name several faults, comma-separated. ``FAULT@TEST`` scopes a fault to one
+test of the run (``test_case[ebc-row_wise-sgd]``, ``test_unknown_policy_suggests_the_closest``; repeat it for more):
+the broken part behaves as the healthy one everywhere else. So one run can carry a fault per case and show each case
+failing with its own fault, where a run per fault would start the suite, torchrun and torchrec each time. A scoped
+fault is active in a rank while that rank runs the case of that id (the scripts' case loop, ``case_loop.main``), and
+in the suite's own process (and what it starts outside torchrun) while pytest runs that test
+(``PYTEST_CURRENT_TEST``). A fault that replaces something other than a function cannot be scoped: naming it
+scoped is an error.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.util
+import inspect
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Dict, List, Optional, Set
 
 import torch
 
 FAULT_ENV = "TORCHREC_ASCEND_TEST_FAULT"
+#: fault -> the tests it is scoped to (``None``: active everywhere), from ``FAULT_ENV``.
+_SCOPES: Dict[str, Optional[Set[str]]] = {}
+#: The fault whose patch runs now, and the id of the case this rank runs now (``None``: between cases).
+_INSTALLING: List[Optional[str]] = [None]
+_CASE: List[Optional[str]] = [None]
+
+
+def _active(fault: str) -> bool:
+    """Whether ``fault`` breaks its part here and now (see the module docstring)."""
+    scopes = _SCOPES[fault]
+    if scopes is None:
+        return True
+    if "LOCAL_RANK" in os.environ:  # a rank of a script: the case it runs
+        return _CASE[0] is not None and any(scope.endswith(f"[{_CASE[0]}]") for scope in scopes)
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    return current.split("::")[-1].rsplit(" (", 1)[0] in scopes
+
+
+def _replace(owner: Any, name: str, broken: Any) -> None:
+    """Set ``owner.name`` to ``broken`` for the fault being installed; scoped, a function that calls ``broken``
+    while the fault is active and the healthy one otherwise."""
+    fault = _INSTALLING[0]
+    assert fault is not None, "a fault's patch runs through _install"
+    if _SCOPES[fault] is None:
+        setattr(owner, name, broken)
+        return
+    healthy = getattr(owner, name)
+    if not callable(broken) or isinstance(inspect.getattr_static(owner, name), (staticmethod, classmethod)):
+        raise RuntimeError(f"fault {fault!r} replaces {name}, which is not a plain function: it cannot be scoped")
+
+    @functools.wraps(broken)
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        return (broken if _active(fault) else healthy)(*args, **kwargs)
+
+    setattr(owner, name, gated)
+
+
+def _track_cases(name: str) -> None:
+    """Wrap the scripts' case loop (module ``name``) so a rank knows the id of the case it runs (``Case.id``)."""
+    module = sys.modules[name]
+    loop = module.main
+
+    def main(description: str, run_case: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def tracked(case: Dict[str, Any], pg: Any) -> Any:
+            _CASE[0] = "-".join(str(v) for v in case.values())
+            try:
+                return run_case(case, pg)
+            finally:
+                _CASE[0] = None
+
+        return loop(description, tracked, *args, **kwargs)
+
+    module.main = main
 
 
 def _bucketize_off_by_one() -> None:
@@ -137,7 +215,7 @@ def _bucketize_off_by_one() -> None:
         kwargs["block_sizes"] = kwargs["block_sizes"] + 1
         return original(*args, **kwargs)
 
-    torch.ops.fbgemm.block_bucketize_sparse_features = off_by_one
+    _replace(torch.ops.fbgemm, "block_bucketize_sparse_features", off_by_one)
 
 
 def _drop_update() -> None:
@@ -152,11 +230,11 @@ def _drop_update() -> None:
         self.fault_calls = getattr(self, "fault_calls", 0) + 1
         return out.detach().requires_grad_() if self.fault_calls == 2 else out
 
-    SplitTableBatchedEmbeddingBagsCodegen.forward = forward
+    _replace(SplitTableBatchedEmbeddingBagsCodegen, "forward", forward)
 
 
-def _after_import(name: str, patch: Callable[[], None]) -> Callable[[], None]:
-    """A fault that patches module ``name`` once it is imported (plugins load while TorchRec is half imported)."""
+def _when_imported(name: str, then: Callable[[], None]) -> None:
+    """Call ``then`` once module ``name`` is imported (plugins load while TorchRec is half imported)."""
 
     class Finder(importlib.abc.MetaPathFinder):
         def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
@@ -168,16 +246,29 @@ def _after_import(name: str, patch: Callable[[], None]) -> Callable[[], None]:
 
             def exec_module(module: Any) -> None:
                 run(module)
-                patch()
+                then()
 
             spec.loader.exec_module = exec_module
             return spec
 
-    def install() -> None:
-        if name in sys.modules:
-            patch()
-        else:
-            sys.meta_path.insert(0, Finder())
+    if name in sys.modules:
+        then()
+    else:
+        sys.meta_path.insert(0, Finder())
+
+
+def _after_import(name: Optional[str], patch: Callable[[], None]) -> Callable[[str], None]:
+    """A fault's installer: ``patch`` runs as that fault once module ``name`` is imported (at once if ``None``)."""
+
+    def install(fault: str) -> None:
+        def run() -> None:
+            _INSTALLING[0] = fault
+            try:
+                patch()
+            finally:
+                _INSTALLING[0] = None
+
+        _when_imported(name, run) if name else run()
 
     return install
 
@@ -194,7 +285,7 @@ def _hash_bucketizer() -> None:
         out_lengths, bucketed, out_weights, permute = original(lengths, values + 1, weights, world_size)
         return out_lengths, bucketed - 1, out_weights, permute
 
-    ops.hash_bucketize = shifted
+    _replace(ops, "hash_bucketize", shifted)
 
 
 def _eviction_ids_patch() -> None:
@@ -208,7 +299,7 @@ def _eviction_ids_patch() -> None:
         rotated = None if on_evict is None else (lambda slots, evicted: on_evict(slots, evicted.roll(1)))
         return original(self, ids, training, known=known, signals=signals, on_evict=rotated)
 
-    SlotTable.assign = assign
+    _replace(SlotTable, "assign", assign)
 
 
 def _kv_optimizer_state_patch() -> None:
@@ -220,7 +311,7 @@ def _kv_optimizer_state_patch() -> None:
         self.stores[t].put(ids, rows)
         self.swaps[t]["swapped_out"] += ids.numel()
 
-    HostDiskTier.left = left
+    _replace(HostDiskTier, "left", left)
 
 
 def _saver_row_patch() -> None:
@@ -236,7 +327,7 @@ def _saver_row_patch() -> None:
         cut = ShardRows(pool.ids[:-1], pool.slots[:-1], pool.last_used[:-1], pool.rows[:-1])
         return itertools.chain([cut], blocks), removed
 
-    HashRows.export_shard = export_shard
+    _replace(HashRows, "export_shard", export_shard)
 
 
 def _dedup_reverse_patch() -> None:
@@ -249,7 +340,7 @@ def _dedup_reverse_patch() -> None:
         n = deduped.values().numel()
         return deduped, (reverse + 1) % max(n, 1)
 
-    index_dedup.dedup_per_table = dedup_per_table
+    _replace(index_dedup, "dedup_per_table", dedup_per_table)
 
 
 def _transfer_dropped_patch() -> None:
@@ -261,7 +352,7 @@ def _transfer_dropped_patch() -> None:
         rows, mapped = original(self, on_host, device)
         return mapped.values(), mapped  # the rows stay on the host
 
-    IdMapper.map_on_host = map_on_host
+    _replace(IdMapper, "map_on_host", map_on_host)
 
 
 def _fresh_state_fused_patch() -> None:
@@ -273,7 +364,7 @@ def _fresh_state_fused_patch() -> None:
             weights[assignment.new_slots.to(weights.device)] = self.initial_rows(t, assignment.new_ids).to(
                 dtype=weights.dtype, device=weights.device)
 
-    Pool.initialise = initialise
+    _replace(Pool, "initialise", initialise)
 
 
 def _fresh_state_key_value_patch() -> None:
@@ -291,7 +382,7 @@ def _fresh_state_key_value_patch() -> None:
             rows[fresh, self._pool.cols(t):] = stale[fresh, self._pool.cols(t):]
             self._pool.unpack(t, assignment.new_slots, rows)
 
-    HostDiskTier.arrived = arrived
+    _replace(HostDiskTier, "arrived", arrived)
 
 
 def _pins_kept_patch() -> None:
@@ -304,7 +395,7 @@ def _pins_kept_patch() -> None:
         self._in_compute = Pins([], self._in_compute.default_used)
         return original(self, features)
 
-    IdMapper.lookup = lookup
+    _replace(IdMapper, "lookup", lookup)
 
 
 def _saver_removed_patch() -> None:
@@ -316,19 +407,19 @@ def _saver_removed_patch() -> None:
         blocks, removed = original(self, t, changed_only)
         return blocks, removed[:0]
 
-    HashRows.export_shard = export_shard
+    _replace(HashRows, "export_shard", export_shard)
 
 
 def _kv_state_dict_placeholder_patch() -> None:
     from torchrec_ascend.checkpoint import key_value_state
 
-    key_value_state.add_key_value_entries = lambda module, destination, prefix, attr: None
+    _replace(key_value_state, "add_key_value_entries", lambda module, destination, prefix, attr: None)
 
 
 def _policy_state_dropped_patch() -> None:
     from torchrec_ascend.checkpoint import policy_state
 
-    policy_state.take_loaded = lambda kernel, t: None
+    _replace(policy_state, "take_loaded", lambda kernel, t: None)
 
 
 def _double_policy_step_patch() -> None:
@@ -342,7 +433,7 @@ def _double_policy_step_patch() -> None:
         self.step += self.step - before  # a step taken (training) is taken twice
         return out
 
-    SlotTable.assign = assign
+    _replace(SlotTable, "assign", assign)
 
 
 def _young_not_protected_patch() -> None:
@@ -354,19 +445,19 @@ def _young_not_protected_patch() -> None:
         self.inserted_step.fill_(-(1 << 40))  # every row as old as can be: none is young
         return original(self, policy, num, evictable, step)
 
-    EvictionCadence.select = select
+    _replace(EvictionCadence, "select", select)
 
 
 def _cadence_every_step_patch() -> None:
     from torchrec_ascend.policies.cadence import EvictionCadence
 
-    EvictionCadence.due = lambda self, step: True
+    _replace(EvictionCadence, "due", lambda self, step: True)
 
 
 def _hash_sharding_unchecked_patch() -> None:
     from torchrec_ascend import sharders
 
-    sharders.HASH_SHARDING_TYPES = (*sharders.HASH_SHARDING_TYPES, "table_row_wise")
+    _replace(sharders, "HASH_SHARDING_TYPES", (*sharders.HASH_SHARDING_TYPES, "table_row_wise"))
 
 
 def _whole_shard_short_patch() -> None:
@@ -379,7 +470,7 @@ def _whole_shard_short_patch() -> None:
             return original(table, load_factor)
         return kernel.with_block_rows(table, lambda rows: kernel.cache_rows(rows, 1 / 16))
 
-    kernel._cache_table = cache_table
+    _replace(kernel, "_cache_table", cache_table)
 
 
 def _stage_wait_missing_patch() -> None:
@@ -389,7 +480,7 @@ def _stage_wait_missing_patch() -> None:
         if event is not None and tensors is not None:  # the batch is recorded, but nothing waits for its event
             tensors.record_stream(self._module.current_stream())
 
-    PipelineStreams.wait = wait
+    _replace(PipelineStreams, "wait", wait)
 
 
 def _record_stream_missing_patch() -> None:
@@ -399,7 +490,7 @@ def _record_stream_missing_patch() -> None:
         if event is not None:  # waits, but the batch is not recorded on this stream
             self._module.current_stream().wait_event(event)
 
-    PipelineStreams.wait = wait
+    _replace(PipelineStreams, "wait", wait)
 
 
 def _host_read_in_flight_patch() -> None:
@@ -410,7 +501,7 @@ def _host_read_in_flight_patch() -> None:
     def move(tensors: Any, device: Any, non_blocking: bool) -> Any:
         return original(tensors, device, True)  # also towards the host, whose reads then do not wait
 
-    hash_row_wise._move = move
+    _replace(hash_row_wise, "_move", move)
 
 
 def _cache_past_memory_patch() -> None:
@@ -421,7 +512,7 @@ def _cache_past_memory_patch() -> None:
     def cache_table(table: Any, load_factor: Any) -> Any:
         return kernel.with_block_rows(table, lambda rows: original(rows, load_factor) * 16384)
 
-    kernel._cache_table = cache_table
+    _replace(kernel, "_cache_table", cache_table)
 
 
 def _item_per_step_patch() -> None:
@@ -435,19 +526,19 @@ def _item_per_step_patch() -> None:
             out.detach().reshape(-1)[0].item()  # e.g. a loss or norm logged every step
         return out
 
-    HashFusedEmbeddingBag.forward = forward
+    _replace(HashFusedEmbeddingBag, "forward", forward)
 
 
 def _prefetch_check_syncs_patch() -> None:
     from torchrec_ascend.kernels import id_mapper
 
-    id_mapper._same_tensor_data = lambda a, b: a is b or torch.equal(a, b)
+    _replace(id_mapper, "_same_tensor_data", lambda a, b: a is b or torch.equal(a, b))
 
 
 def _prefetched_rows_unrecorded_patch() -> None:
     from torchrec_ascend.kernels import id_mapper
 
-    id_mapper.handed_to_this_stream = lambda tensor: tensor
+    _replace(id_mapper, "handed_to_this_stream", lambda tensor: tensor)
 
 
 def _not_admitted_row_trained_patch() -> None:
@@ -460,13 +551,13 @@ def _not_admitted_row_trained_patch() -> None:
             self.fault_default_rows_written = True
             original(self, [True] * len(moved))
 
-    IdMapper._rewrite_default_rows = rewrite_default_rows
+    _replace(IdMapper, "_rewrite_default_rows", rewrite_default_rows)
 
 
 def _fused_not_prefetched_patch() -> None:
     from torchrec_ascend.adapters import lookups
 
-    lookups.kernels_with_features = lambda lookup, features: iter(())
+    _replace(lookups, "kernels_with_features", lambda lookup, features: iter(()))
 
 
 def _load_not_agreed_patch() -> None:
@@ -476,13 +567,13 @@ def _load_not_agreed_patch() -> None:
         if error is not None:
             raise error
 
-    Group.agree = agree
+    _replace(Group, "agree", agree)
 
 
 def _ids_twice_accepted_patch() -> None:
     from torchrec_ascend.checkpoint.key_value_state import TableView
 
-    TableView._check_ids = lambda self, ids: None
+    _replace(TableView, "_check_ids", lambda self, ids: None)
 
 
 def _first_prefetch_unordered_patch() -> None:
@@ -492,7 +583,7 @@ def _first_prefetch_unordered_patch() -> None:
         if self._released is not None:  # the lookups' event only: the first prefetch waits for nothing
             torch.accelerator.current_stream(device).wait_event(self._released)
 
-    IdMapper._wait_for_pool_writes = wait_for_pool_writes
+    _replace(IdMapper, "_wait_for_pool_writes", wait_for_pool_writes)
 
 
 def _full_table_silent_patch() -> None:
@@ -507,13 +598,13 @@ def _full_table_silent_patch() -> None:
         except CapacityError:  # the batch reads the reserved row instead
             return Assignment(slots=torch.full_like(ids, self.default_slot))
 
-    SlotTable._insert_all = insert_all
+    _replace(SlotTable, "_insert_all", insert_all)
 
 
 def _negative_id_unchecked_patch() -> None:
     from torchrec_ascend.kernels import id_mapper
 
-    id_mapper.check_non_negative_ids = lambda *args, **kwargs: None
+    _replace(id_mapper, "check_non_negative_ids", lambda *args, **kwargs: None)
 
 
 def _small_cache_silent_patch() -> None:
@@ -532,13 +623,13 @@ def _small_cache_silent_patch() -> None:
             evictable = (self.last_used <= self.step - self.window) & (self.slot_ids >= 0) & (self.pins == 0)
             return original(self, min(needed, self.capacity - len(self.id_map) + int(evictable.sum())), on_evict)
 
-    SlotTable._make_room = make_room
+    _replace(SlotTable, "_make_room", make_room)
 
 
 def _policy_no_suggestion_patch() -> None:
     from torchrec_ascend.policies import registry
 
-    registry._suggest = lambda name, known: ""
+    _replace(registry, "_suggest", lambda name, known: "")
 
 
 def _path_escape_accepted_patch() -> None:
@@ -553,7 +644,7 @@ def _path_escape_accepted_patch() -> None:
             return os.path.join(directory, name)
         return original(directory, name, what)
 
-    files.confined = confined
+    _replace(files, "confined", confined)
 
 
 def _disk_checksum_partial_patch() -> None:
@@ -566,7 +657,7 @@ def _disk_checksum_partial_patch() -> None:
         self._multipliers = self._multipliers.copy()
         self._multipliers[2:] = 0  # the checksum covers the key and the location, not the row's bytes
 
-    RecordFormat.__init__ = __init__
+    _replace(RecordFormat, "__init__", __init__)
 
 
 def _init_from_slot_patch() -> None:
@@ -580,7 +671,7 @@ def _init_from_slot_patch() -> None:
         # a new row's initial values are those of its slot (arrival order), not of its ID
         original(self, t, dataclasses.replace(assignment, new_ids=assignment.new_slots))
 
-    Pool.initialise = initialise
+    _replace(Pool, "initialise", initialise)
 
 
 def _adam_betas_unchecked_patch() -> None:
@@ -591,7 +682,7 @@ def _adam_betas_unchecked_patch() -> None:
     def check_hyper_parameters(fused_params: Any, tables: Any) -> None:
         original({k: v for k, v in (fused_params or {}).items() if k not in ("beta1", "beta2")}, tables)
 
-    fused_adam.check_hyper_parameters = check_hyper_parameters
+    _replace(fused_adam, "check_hyper_parameters", check_hyper_parameters)
 
 
 def _weight_ids_ignored_patch() -> None:
@@ -601,7 +692,7 @@ def _weight_ids_ignored_patch() -> None:
         for name in stock._fused_hash_shards(module):  # taken out of the state_dict, never restored
             state_dict.pop(f"{prefix}{attr}.{name}.{stock.WEIGHT_ID}", None)
 
-    stock.load_weight_ids = load_weight_ids
+    _replace(stock, "load_weight_ids", load_weight_ids)
 
 
 def _reserved_row_shown_patch() -> None:
@@ -615,7 +706,7 @@ def _reserved_row_shown_patch() -> None:
         if optimizer is not None:  # the fused optimizer is not rebuilt: its state still covers the whole pool
             self._kernel._optim = optimizer
 
-    TBE.hide_last_rows = hide_last_rows
+    _replace(TBE, "hide_last_rows", hide_last_rows)
 
 
 def _dense_drops_plain_patch() -> None:
@@ -628,21 +719,143 @@ def _dense_drops_plain_patch() -> None:
     def dense_state_dict(model: Any) -> Any:  # every table left out, plain FUSED ones too (not only the Saver's)
         return {key: value for key, value in model.state_dict().items() if not table.search(key)}
 
-    stock.dense_state_dict = dense_state_dict
+    _replace(stock, "dense_state_dict", dense_state_dict)
 
 
 def _cache_estimate_zero_patch() -> None:
     from torchrec_ascend.hooks import planner_storage
 
     # a KEY_VALUE shard's device cache and swap staging cost nothing in the plan (TorchRec's own figure)
-    planner_storage.key_value_hbm = lambda *args, **kwargs: 0
-    planner_storage.key_value_swap_hbm = lambda *args, **kwargs: 0
+    _replace(planner_storage, "key_value_hbm", lambda *args, **kwargs: 0)
+    _replace(planner_storage, "key_value_swap_hbm", lambda *args, **kwargs: 0)
+
+
+def _backend_no_suggestion_patch() -> None:
+    from torchrec_ascend import backends
+
+    original = backends._resolve
+
+    def resolve(name: str, known: Any) -> Any:
+        try:
+            return original(name, known)
+        except backends.BackendError as err:  # the valid names, without the closest one
+            raise backends.BackendError(str(err).split(" Did you mean")[0]) from None
+
+    _replace(backends, "_resolve", resolve)
+
+
+def _patch_fails_patch() -> None:
+    from torchrec_ascend.injection.patch import Patch
+
+    def apply(self: Any) -> Any:
+        raise AttributeError(f"{self.target} is gone")  # as a TorchRec whose target moved
+
+    _replace(Patch, "apply", apply)
+
+
+def _swaps_uncounted_patch() -> None:
+    from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
+
+    original = KeyValueRows.cache_stats
+
+    def cache_stats(self: Any) -> Any:
+        return {name: {**stats, "swapped_in": 0, "swapped_out": 0} for name, stats in original(self).items()}
+
+    _replace(KeyValueRows, "cache_stats", cache_stats)
+
+
+def _composite_state_partial_patch() -> None:
+    from torchrec_ascend.policies.compose import CompositeEvictionPolicy
+
+    def state_dict(self: Any) -> Any:  # the ranker's state alone: the filters' (e.g. TTL's) is lost
+        return {f"{self.names[-1]}.{key}": value for key, value in self.ranker.state_dict().items()}
+
+    _replace(CompositeEvictionPolicy, "state_dict", state_dict)
+
+
+def _last_batches_dropped_patch() -> None:
+    from torchrec_ascend.pipeline.hybrid import HybridTrainPipelineSparseDist
+
+    original = HybridTrainPipelineSparseDist.progress
+
+    def progress(self: Any, dataloader_iter: Any) -> Any:
+        source = self._source
+        if source is not None and source.iterator is dataloader_iter and source.exhausted:
+            self._drop_in_flight()  # the batches still in flight when the data ran out are lost
+            raise StopIteration
+        return original(self, dataloader_iter)
+
+    _replace(HybridTrainPipelineSparseDist, "progress", progress)
+
+
+def _detach_drops_batches_patch() -> None:
+    from torchrec_ascend.pipeline.hybrid import HybridTrainPipelineSparseDist
+
+    original = HybridTrainPipelineSparseDist.detach
+
+    def detach(self: Any) -> Any:
+        model = original(self)
+        self._in_flight.clear()  # the finished batches are not kept for after re-attaching
+        return model
+
+    _replace(HybridTrainPipelineSparseDist, "detach", detach)
+
+
+def _stage_error_misnamed_patch() -> None:
+    from torchrec_ascend.pipeline import hybrid
+
+    original = hybrid._with_detail
+
+    def with_detail(err: Any, detail: str) -> Any:
+        named = original(err, detail)
+        return hybrid.PipelineStageError(named.stage, named.batch_index + 1, named.__cause__ or named, detail)
+
+    _replace(hybrid, "_with_detail", with_detail)
+
+
+def _eval_assigns_rows_patch() -> None:
+    from torchrec_ascend.hash.slot_table import SlotTable
+
+    original = SlotTable.assign
+
+    def assign(self: Any, ids: Any, training: bool, *args: Any, **kwargs: Any) -> Any:
+        return original(self, ids, True, *args, **kwargs)  # unknown IDs get rows in eval too
+
+    _replace(SlotTable, "assign", assign)
+
+
+def _rows_without_ids_accepted_patch() -> None:
+    from torchrec_ascend.checkpoint import stock
+
+    _replace(stock, "refuse_rows_without_ids", lambda state_dict, table_key, name: None)
+
+
+def _misplaced_ids_accepted_patch() -> None:
+    from torchrec_ascend.checkpoint import stock
+
+    original = stock._restore_ids
+
+    def restore_ids(kernel: Any, t: int, row_ids: Any, key: str, placed: bool) -> None:
+        original(kernel, t, row_ids, key, False)  # ownership never checked
+
+    _replace(stock, "_restore_ids", restore_ids)
+
+
+def _adam_step_off_by_one_patch() -> None:
+    from torchrec_ascend.kernels.fused_adam import _AdamLookup
+
+    original = _AdamLookup._step
+
+    def step(self: Any, *args: Any) -> None:
+        original(self, *args[:-1], args[-1] + 1)  # bias correction one step ahead
+
+    _replace(_AdamLookup, "_step", step)
 
 
 FAULTS = {
-    "bucketize_off_by_one": _bucketize_off_by_one,
-    "drop_update": _drop_update,
-    "hash_bucketizer": _hash_bucketizer,
+    "bucketize_off_by_one": _after_import(None, _bucketize_off_by_one),
+    "drop_update": _after_import(None, _drop_update),
+    "hash_bucketizer": _after_import(None, _hash_bucketizer),
     "eviction_ids": _after_import("torchrec_ascend.hash.slot_table", _eviction_ids_patch),
     "kv_optimizer_state": _after_import("torchrec_ascend.kernels.key_value.tier", _kv_optimizer_state_patch),
     "saver_row": _after_import("torchrec_ascend.kernels.fused", _saver_row_patch),
@@ -686,6 +899,26 @@ FAULTS = {
     "reserved_row_shown": _after_import("torchrec_ascend.adapters.tbe", _reserved_row_shown_patch),
     "dense_drops_plain": _after_import("torchrec_ascend.checkpoint.stock", _dense_drops_plain_patch),
     "cache_estimate_zero": _after_import("torchrec_ascend.hooks.planner_storage", _cache_estimate_zero_patch),
+    "backend_no_suggestion": _after_import("torchrec_ascend.backends", _backend_no_suggestion_patch),
+    "patch_fails": _after_import("torchrec_ascend.injection.patch", _patch_fails_patch),
+    "swaps_uncounted": _after_import("torchrec_ascend.kernels.key_value.kernel", _swaps_uncounted_patch),
+    "composite_state_partial": _after_import("torchrec_ascend.policies.compose", _composite_state_partial_patch),
+    "last_batches_dropped": _after_import("torchrec_ascend.pipeline.hybrid", _last_batches_dropped_patch),
+    "detach_drops_batches": _after_import("torchrec_ascend.pipeline.hybrid", _detach_drops_batches_patch),
+    "stage_error_misnamed": _after_import("torchrec_ascend.pipeline.hybrid", _stage_error_misnamed_patch),
+    "eval_assigns_rows": _after_import("torchrec_ascend.hash.slot_table", _eval_assigns_rows_patch),
+    "rows_without_ids_accepted": _after_import("torchrec_ascend.checkpoint.stock", _rows_without_ids_accepted_patch),
+    "misplaced_ids_accepted": _after_import("torchrec_ascend.checkpoint.stock", _misplaced_ids_accepted_patch),
+    "adam_step_off_by_one": _after_import("torchrec_ascend.kernels.fused_adam", _adam_step_off_by_one_patch),
 }
-for _name in os.environ[FAULT_ENV].split(","):
-    FAULTS[_name]()
+for _entry in os.environ[FAULT_ENV].split(","):
+    _fault, _, _scope = _entry.partition("@")
+    if not _scope:
+        _SCOPES[_fault] = None
+    elif _SCOPES.setdefault(_fault, set()) is not None:  # (named unscoped too: active everywhere)
+        _SCOPES[_fault].add(_scope)  # type: ignore[union-attr]  # a scoped fault's set
+if any(_SCOPES.values()):
+    for _loop in ("torchrec_ascend.conformance_tests.stock.case_loop", "case_loop"):  # as a package, as a script
+        _when_imported(_loop, functools.partial(_track_cases, _loop))
+for _fault in _SCOPES:
+    FAULTS[_fault](_fault)

@@ -15,10 +15,12 @@ load refused on one rank alone, a KEY_VALUE load holding an ID twice, ADAM's bet
 of a KEY_VALUE cache, a FUSED hash table's ``weight_id`` not restored, the not-admitted row in the optimizer state,
 ``dense_state_dict`` leaving out plain tables; CPU and emulated NPU, ``--case``), and on the emulated NPU
 only a dropped host-to-device copy and the stream-order check's faults: a missing stage wait, a missing
-``record_stream``, a host read of an in-flight copy. The same command without the fault is the control: it must
-pass, so the failures come from the fault; each fault must fail the cases that exercise the broken part, the check
-named. Broken policy: ``broken_policy_plugin.py`` is registered in-process and checked with ``--policy`` next to a
-healthy one. Oracle: exit status and the JUnit report, case by case.
+``record_stream``, a host read of an in-flight copy. Faults run in groups (``fault_rounds``): in one run of a check each
+fault is scoped to the cases it must fail (``FAULT@TEST``) and no case is another fault's, so each case fails with
+its own fault's words while every other case passes: a run per fault would start the suite, torchrun and torchrec
+each time. The same checks without a fault are the control: they must pass, so the failures come from the faults.
+Broken policy: ``broken_policy_plugin.py`` is registered in-process and checked with ``--policy`` next to a healthy
+one. Oracle: exit status and the JUnit report, case by case.
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ def junit_outcomes(path: Path, check: str = "") -> Dict[str, str]:
             "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds else "passed"
         )
     return outcomes
+
+
+def junit_failures(path: Path) -> Dict[str, str]:
+    """Test name -> what its failure or error says (message and traceback), for the tests that failed."""
+    return {case.get("name"): "\n".join(f"{child.get('message', '')}\n{child.text or ''}" for child in case
+                                         if child.tag in ("failure", "error"))
+            for case in ET.parse(path).iter("testcase") if any(c.tag in ("failure", "error") for c in case)}
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +118,7 @@ OWN_FAULTS: Dict[str, Tuple[str, Set[str], Any]] = {
     "saver_row": ("checkpoint", {
         "test_case[round_trip-ebc-row_wise-fused-rowwise_adagrad-evict-row_wise-fused-2]",
         "test_case[round_trip-ebc-column_wise-fused-adagrad-default-table_wise-key_value-1]",
-        "test_case[gone_ids-ebc-row_wise-fused-1]"}, "rows"),
+        "test_case[gone_ids-ebc-row_wise-fused-1]"}, ("rows right after loading differ", "do not restore")),
     # Issue 31's promises: a reused row's fresh optimizer state, pins released after backward, no resurrection.
     "fresh_state_fused": ("hash_tables", {REUSED_ROW.format("fused")}, "does not train as a new row"),
     # (the admission case's rows come back from host memory too)
@@ -134,7 +143,7 @@ OWN_FAULTS: Dict[str, Tuple[str, Set[str], Any]] = {
     "double_policy_step": ("hash_tables", {"test_case[policy_steps-ebc-unsharded-fused]",
                                            "test_case[policy_steps-ebc-row_wise-fused]",
                                            CADENCE.format("fused"), CADENCE.format("key_value")},
-                           "one step per batch"),
+                           ("one step per batch", "the rules ask for")),
     # eviction_cadence: min_residency and interval
     "young_not_protected": ("hash_tables", {CADENCE.format("fused"), CADENCE.format("key_value")},
                             "while mature ones"),
@@ -145,12 +154,13 @@ OWN_FAULTS: Dict[str, Tuple[str, Set[str], Any]] = {
                                  "differ from the admission oracle"),
     "hash_sharding_unchecked": ("errors", {"test_case[unsupported_sharding-table_row_wise-by_hand]",
                                            "test_catalogue[constraints-hash_table_row_wise_sharding]"},
-                                "expected a ConfigError, got no error"),
+                                ("expected a ConfigError, got no error", "raised no RuntimeError")),
     # New rows are a function of (init_seed, ID, column): not of the slot an ID lands in.
     "init_from_slot": ("hash_tables", {"test_case[ebc-row_wise-rowwise_adagrad]",
                                        "test_case[ec-row_wise-rowwise_adagrad-index_dedup]",
                                        REUSED_ROW.format("fused"), ADMISSION.format("fused")},
-                       "forward output differs from the unsharded oracle"),
+                       ("forward output differs from the unsharded oracle", "does not train as a new row",
+                        "admission oracle")),
     # The documented bad-input errors: a full table, a negative ID, a batch larger than the KEY_VALUE cache, an
     # unknown policy name or option, a checkpoint naming a file outside its folder, a damaged disk-tier record.
     "full_table_silent": ("errors", {"test_case[full_table-table_wise]"}, "expected a CapacityError, got no error"),
@@ -159,10 +169,20 @@ OWN_FAULTS: Dict[str, Tuple[str, Set[str], Any]] = {
     "policy_no_suggestion": ("errors", {"test_unknown_policy_suggests_the_closest",
                                         "test_unknown_policy_option_suggests_the_closest",
                                         "test_catalogue[policies-unknown_policy]"},
-                             "does not say \"did you mean 'lru'\""),
+                             ("does not say \"did you mean 'lru'\"", "did you mean")),
     "path_escape_accepted": ("errors", {"test_catalogue[checkpoints-path_escape]"},
                              "does not say 'which is not a plain file name of the folder'"),
     "disk_checksum_partial": ("errors", {"test_catalogue[disks-flipped_segment_byte]"}, "raised no StorageError"),
+    # An unknown backend name is refused with the valid names and the closest one.
+    "backend_no_suggestion": ("errors", {"test_unknown_backend_lists_the_names"}, "Did you mean"),
+    # Every patch applies (the injection check's doctor probe runs in the first test's setup).
+    "patch_fails": ("injection", {"test_doctor_finds_no_problem", "test_every_patch_applied"}, "is gone"),
+    # cache_metrics counts the swaps.
+    "swaps_uncounted": ("key_value", {"test_case[ebc-row_wise-adagrad-12-64-8]"}, "the cache never swapped"),
+    # Composed eviction policies keep every component's state.
+    "composite_state_partial": ("policies", {"test_contract[ttl+lfu-eviction]"}, "state_dict"),
+    # HybridTrainPipelineSparseDist trains every batch, as a plain loop does.
+    "last_batches_dropped": ("pipeline", {"test_case[equivalence-both-row_wise-3-8]"}, "batches trained, expected"),
 }
 
 
@@ -179,17 +199,80 @@ def controls(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Dict[str, st
     return out
 
 
+#: Faults that replace a value, not a function: they cannot be scoped to cases and run alone (see
+#: ``conformance_faults.py``).
+UNSCOPED = {"hash_sharding_unchecked"}
+Faults = Dict[str, Tuple[str, Set[str], Any]]
+
+
+def fault_rounds(faults: Faults, parametrized_only: bool = False) -> List[Tuple[str, Tuple[str, ...]]]:
+    """The faults grouped into runs, per check: in a run each fault is scoped to the cases it must fail, and no case
+    is any other fault's, so each case fails for its own fault alone and one run shows several faults biting.
+    (``parametrized_only``: runs with ``--case``, which reach only parametrized tests.) -> (check, faults) per run.
+    """
+    rounds: List[Tuple[str, List[str], Set[str]]] = []
+    for fault in sorted(faults):
+        check, failing, _ = faults[fault]
+        failing = {name for name in failing if "[" in name} if parametrized_only else failing
+        if not failing:
+            continue
+        room = next((r for r in rounds if r[0] == check and not r[2] & failing and fault not in UNSCOPED
+                     and not set(r[1]) & UNSCOPED), None)
+        if room is None:
+            rounds.append((check, [fault], set(failing)))
+        else:
+            room[1].append(fault)
+            room[2].update(failing)
+    return [(check, tuple(names)) for check, names, _ in rounds]
+
+
+def round_id(round_: Tuple[str, Tuple[str, ...]]) -> str:
+    return f"{round_[0]}:{'+'.join(round_[1])}"
+
+
+def scoped(faults: Faults, names: Tuple[str, ...], parametrized_only: bool = False) -> Tuple[Dict[str, str],
+                                                                                               Set[str]]:
+    """The environment of a run carrying ``names``, each scoped to its failing cases (``UNSCOPED`` ones everywhere),
+    and the cases that must fail."""
+    entries, failing = [], set()
+    for fault in names:
+        cases = {c for c in faults[fault][1] if "[" in c or not parametrized_only}
+        failing |= cases
+        entries += [fault] if fault in UNSCOPED else [f"{fault}@{case}" for case in sorted(cases)]
+    env = {"TORCHREC_ASCEND_TEST_FAULT": ",".join(entries), "TORCHREC_ASCEND_COLLECTIVE_TIMEOUT_S": "20"}
+    return env, failing
+
+
+def assert_each_fault_bites(faults: Faults, names: Tuple[str, ...], junit: Path, output: str,
+                            parametrized_only: bool = False) -> None:
+    """Every case of every fault of the run failed, saying (one of) its fault's phrase(s)."""
+    said = junit_failures(junit)
+    for fault in names:
+        check, failing, phrase = faults[fault]
+        phrases = (phrase,) if isinstance(phrase, str) else phrase
+        for case in sorted(c for c in failing if "[" in c or not parametrized_only):
+            assert any(p in said.get(case, "") for p in phrases), \
+                f"{fault}: {case} did not fail saying {phrases}:\n{said.get(case, 'it passed')}\n{output}"
+        assert f"test_{check}.py" in output, output
+
+
+QUICK_ROUNDS = fault_rounds(OWN_FAULTS)
+
+
 @pytest.mark.teeth
-@pytest.mark.parametrize("fault", sorted(OWN_FAULTS))
-def test_a_broken_part_of_ours_fails_its_check(fault: str, controls: Dict[str, Dict[str, str]], fault_site: Path,
+@pytest.mark.parametrize("round_", QUICK_ROUNDS, ids=[round_id(r) for r in QUICK_ROUNDS])
+def test_a_broken_part_of_ours_fails_its_check(round_: Tuple[str, Tuple[str, ...]],
+                                                controls: Dict[str, Dict[str, str]], fault_site: Path,
                                                 tmp_path: Path) -> None:
-    check, failing, phrase = OWN_FAULTS[fault]
-    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": fault}
-    status, output, outcomes = run_cli(["conformance", "--quick", "--only", check], tmp_path, env)
+    """Each fault of the round scoped to its cases in one quick run of the check: exactly those cases fail, each
+    saying its fault's phrase; every other case passes."""
+    check, names = round_
+    env, failing = scoped(OWN_FAULTS, names)
+    status, output, outcomes = run_cli(["conformance", "--quick", "--only", check], tmp_path,
+                                       {"PYTHONPATH": str(fault_site), **env})
     assert status == 1, output
     assert outcomes == {case: "failed" if case in failing else "passed" for case in controls[check]}, output
-    phrases = (phrase,) if isinstance(phrase, str) else phrase
-    assert any(p in output for p in phrases) and f"test_{check}.py" in output, output
+    assert_each_fault_bites(OWN_FAULTS, names, tmp_path / "junit.xml", output)
 
 
 def test_passes_without_a_fault(tmp_path: Path) -> None:
@@ -287,28 +370,35 @@ def emulated_npu() -> None:
 EMULATED = ["conformance", "--device", "npu", "--emulate"]
 
 
-@pytest.mark.teeth
-@pytest.mark.parametrize("fault", sorted(OWN_FAULTS))
-def test_a_broken_part_of_ours_fails_its_cases_on_the_emulated_npu(fault: str, emulated_npu: None, fault_site: Path,
-                                                                   tmp_path: Path) -> None:
-    """Each fault above on the emulated NPU, run on the cases it must fail only (``--case``): every one fails.
-    (``--case`` picks parametrized cases: a test of no parameter the fault fails is left to the CPU run.)"""
-    check, failing, phrase = OWN_FAULTS[fault]
-    failing = {name for name in failing if "[" in name}
-    # The rank that fails may leave the other in a collective: 20 s of waiting is enough to fail (default 120 s).
-    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": fault,
-           "TORCHREC_ASCEND_COLLECTIVE_TIMEOUT_S": "20"}
+def run_round_on_its_cases(faults: Faults, round_: Tuple[str, Tuple[str, ...]], argv: List[str], fault_site: Path,
+                           tmp_path: Path) -> None:
+    """The round's faults, each scoped to its cases, on those cases alone (``--case``): every one fails, saying its
+    fault's phrase. (``--case`` picks parametrized cases: a test of no parameter is left to the CPU's quick run.)"""
+    check, names = round_
+    env, failing = scoped(faults, names, parametrized_only=True)
     cases = [f"--case={name[name.index('[') + 1:-1]}" for name in sorted(failing)]
-    status, output, outcomes = run_cli(EMULATED + ["--quick", "--only", check, *cases], tmp_path, env)
+    status, output, outcomes = run_cli(argv + ["--only", check, *cases], tmp_path,
+                                       {"PYTHONPATH": str(fault_site), **env})
     assert status == 1, output
     assert outcomes == dict.fromkeys(failing, "failed"), output
-    phrases = (phrase,) if isinstance(phrase, str) else phrase
-    assert any(p in output for p in phrases) and f"test_{check}.py" in output, output
+    assert_each_fault_bites(faults, names, tmp_path / "junit.xml", output, parametrized_only=True)
+
+
+EMULATED_QUICK_ROUNDS = fault_rounds(OWN_FAULTS, parametrized_only=True)
+
+
+@pytest.mark.teeth
+@pytest.mark.parametrize("round_", EMULATED_QUICK_ROUNDS, ids=[round_id(r) for r in EMULATED_QUICK_ROUNDS])
+def test_a_broken_part_of_ours_fails_its_cases_on_the_emulated_npu(round_: Tuple[str, Tuple[str, ...]],
+                                                                   emulated_npu: None, fault_site: Path,
+                                                                   tmp_path: Path) -> None:
+    """Each fault above on the emulated NPU, on the cases it must fail."""
+    run_round_on_its_cases(OWN_FAULTS, round_, EMULATED + ["--quick"], fault_site, tmp_path)
 
 
 REFUSED = "test_case[{}-ebc-row_wise-key_value-{}-default-row_wise-key_value-2-{}]"
 #: Faults whose cases run in full runs only (``--case`` picks them): fault -> (check, the cases it must fail, a phrase).
-FULL_RUN_FAULTS: Dict[str, Tuple[str, Set[str], str]] = {
+FULL_RUN_FAULTS: Faults = {
     # A Saver load refused on one rank is refused on every rank, the model unchanged (a load is all or nothing).
     "load_not_agreed": ("checkpoint", {REFUSED.format("round_trip", "adagrad", "flipped_byte"),
                                        REFUSED.format("round_trip", "adagrad", "host_memory")}, "ranks (a load is all"),
@@ -333,6 +423,7 @@ FULL_RUN_FAULTS: Dict[str, Tuple[str, Set[str], str]] = {
     "cache_estimate_zero": ("errors", {"test_catalogue[constraints-caches_past_hbm]"}, "raised no PlannerError"),
     # Stock state_dict() of FUSED hash tables: weight_id restores the IDs; the not-admitted row stays hidden.
     "weight_ids_ignored": ("hash_tables", {"test_case[ebc-row_wise-rowwise_adagrad-row_wise]",
+                                           "test_case[ebc-row_wise-rowwise_adagrad-table_wise]",
                                            "test_case[ebc-data_parallel-rowwise_adagrad-data_parallel]"},
                            "from the model that never stopped"),
     "reserved_row_shown": ("hash_tables", {"test_case[ebc-row_wise-rowwise_adagrad-row_wise]",
@@ -340,29 +431,41 @@ FULL_RUN_FAULTS: Dict[str, Tuple[str, Set[str], str]] = {
                            "the not-admitted row shows in the state_dicts"),
     # The Saver's tables and stock DCP together (dense_state_dict).
     "dense_drops_plain": ("checkpoint", {"test_case[dense]"}, "outputs after loading both paths differ"),
+    # HybridTrainPipelineSparseDist: end of data, detach(), a failure naming its stage and batch.
+    "last_batches_dropped": ("pipeline", {"test_case[end_of_data-row_wise-3-6-True]"}, "batches trained, expected"),
+    "detach_drops_batches": ("pipeline", {"test_case[detach-row_wise-4-10-5]"}, "batches trained, expected"),
+    "stage_error_misnamed": ("pipeline", {"test_case[raise-split-3-3]"}, "the error names"),
+    # Hash tables in eval: unknown IDs read the not-admitted vector and get no row.
+    "eval_assigns_rows": ("hash_tables", {"test_case[ebc-row_wise-rowwise_adagrad-eval]"}, "oracle"),
+    # FUSED hash tables through DCP: rows without their IDs, IDs on a shard that does not own them, are refused.
+    "rows_without_ids_accepted": ("checkpoint", {
+        "test_case[dcp-ebc-row_wise-fused-adagrad-default-row_wise-fused-2-refused-rows_without_ids]"},
+        "must be refused saying"),
+    "misplaced_ids_accepted": ("checkpoint", {
+        "test_case[dcp-ebc-table_wise-fused-rowwise_adagrad-default-row_wise-fused-2-refused-model_only]"},
+        "must be refused saying"),
+    # Fused ADAM against torch.optim.Adam (bias correction by the step count).
+    "adam_step_off_by_one": ("hash_tables", {"test_case[ebc-row_wise-adam]"}, "oracle"),
 }
 #: The full-run faults only the emulated NPU can see.
 EMULATED_ONLY = {"first_prefetch_unordered"}
 
 
+FULL_RUN_ROUNDS = [(round_, "cpu") for round_ in fault_rounds(
+    {fault: v for fault, v in FULL_RUN_FAULTS.items() if fault not in EMULATED_ONLY})] + [
+    (round_, "emulated_npu") for round_ in fault_rounds(FULL_RUN_FAULTS)]
+
+
 @pytest.mark.teeth
-@pytest.mark.parametrize("fault, device", [(fault, device) for fault in sorted(FULL_RUN_FAULTS)
-                                           for device in ("cpu", "emulated_npu")
-                                           if device == "emulated_npu" or fault not in EMULATED_ONLY])
-def test_a_broken_part_of_ours_fails_its_full_run_cases(fault: str, device: str, fault_site: Path, tmp_path: Path,
-                                                        request: Any) -> None:
-    """Each fault above on the cases it must fail (a full run's, picked with ``--case``): every one fails."""
+@pytest.mark.parametrize("round_, device", FULL_RUN_ROUNDS, ids=[f"{device}-{round_id(r)}"
+                                                                for r, device in FULL_RUN_ROUNDS])
+def test_a_broken_part_of_ours_fails_its_full_run_cases(round_: Tuple[str, Tuple[str, ...]], device: str,
+                                                        fault_site: Path, tmp_path: Path, request: Any) -> None:
+    """Each fault above on the cases it must fail (a full run's, picked with ``--case``)."""
     if device == "emulated_npu":
         request.getfixturevalue("emulated_npu")
-    check, failing, phrase = FULL_RUN_FAULTS[fault]
-    env = {"PYTHONPATH": str(fault_site), "TORCHREC_ASCEND_TEST_FAULT": fault,
-           "TORCHREC_ASCEND_COLLECTIVE_TIMEOUT_S": "20"}
-    cases = [f"--case={name[name.index('[') + 1:-1]}" for name in sorted(failing)]
-    status, output, outcomes = run_cli(
-        (EMULATED if device == "emulated_npu" else ["conformance"]) + ["--only", check, *cases], tmp_path, env)
-    assert status == 1, output
-    assert outcomes == dict.fromkeys(failing, "failed"), output
-    assert phrase in output and f"test_{check}.py" in output, output
+    argv = EMULATED if device == "emulated_npu" else ["conformance"]
+    run_round_on_its_cases(FULL_RUN_FAULTS, round_, argv, fault_site, tmp_path)
 
 
 UNSHARDED_STEPS = "test_case[policy_steps-ebc-unsharded-fused]"

@@ -18,16 +18,14 @@ rank of several would leave the others waiting in a collective. Each case is ``{
 
 Rank 0 writes per case ``raised`` (the exception type name, or ``""`` when nothing was raised), ``kinds`` (the names
 of its classes, base classes included) and ``message``; the suite (``test_errors.py``) decides whether the message
-names what it must.
+names what it must (``raised_at``: the traceback).
 """
 
 from __future__ import annotations
 
-import gc
-import json
 import tempfile
 import traceback
-from typing import Any, Dict, NoReturn, Optional
+from typing import Any, Dict, Optional
 
 import torch
 import torchrec
@@ -39,8 +37,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import script_device
-from torchrec_ascend.conformance_tests.plugin.runner import planned, start_rank
-from torchrec_ascend.shutdown import end_rank
+from torchrec_ascend.conformance_tests.plugin.runner import main, planned
 
 DIM = 8
 TABLES = ("user", "item")  # the cases break table "item" (feature "f_item"); "user" stays healthy
@@ -132,25 +129,17 @@ def run_case(case: Dict[str, Any], pg: Any) -> None:
             raise ValueError(f"bad_inputs.py: unknown case kind {case['kind']!r}")
 
 
-def main() -> NoReturn:
-    args, pg = start_rank(__doc__)
+def recorded(case: Dict[str, Any], pg: Any) -> Dict[str, Any]:
+    """Run ``case`` and record what it raised (the point of every case), for the scripts' case loop."""
     if pg.size() != 1:
         raise SystemExit("bad_inputs.py runs on one rank (a case raising on one rank of several would hang the rest)")
-    results = []
-    for case in json.loads(args.cases):
-        try:
-            run_case(case, pg)
-            result = {**case, "raised": "", "kinds": [], "message": ""}
-        except Exception as err:  # the point of every case: record what was raised
-            kinds = [cls.__name__ for cls in type(err).__mro__]
-            result = {**case, "raised": type(err).__name__, "kinds": kinds, "message": str(err),
-                      "traceback": traceback.format_exc()}
-        results.append(result)
-        gc.collect()
-    with open(args.out, "w") as f:
-        json.dump({"info": {"device": script_device().type}, "results": results}, f, indent=1)
-    end_rank()
+    try:
+        run_case(case, pg)
+    except Exception as err:
+        return {"raised": type(err).__name__, "kinds": [cls.__name__ for cls in type(err).__mro__],
+                "message": str(err), "raised_at": traceback.format_exc()}
+    return {"raised": "", "kinds": [], "message": ""}
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, recorded)
