@@ -118,6 +118,9 @@ stock state_dict round trips):
   loaded (the rows are read as other IDs' rows).
 * ``misplaced_ids_accepted``: a FUSED hash table's ``weight_id`` loads onto shards without the ownership check.
 * ``adam_step_off_by_one``: fused ADAM's bias correction uses the step after the current one.
+* ``tiers_unread_in_eval``: an evaluation batch larger than the KEY_VALUE cache finds no row in host memory or on
+  disk (they read the not-admitted vector).
+* ``fp16_rows_rounded``: an FP16 KEY_VALUE table's rows are rounded to BF16 on their way out of the cache.
 
 More faults of quick checks, of parts outside the kernels:
 
@@ -852,6 +855,32 @@ def _adam_step_off_by_one_patch() -> None:
     _replace(_AdamLookup, "_step", step)
 
 
+def _tiers_unread_in_eval_patch() -> None:
+    from torchrec_ascend.kernels.key_value.tier import HostDiskTier
+
+    original = HostDiskTier.read
+
+    def read(self: Any, t: int, keys: Any) -> Any:
+        stored, found = original(self, t, keys)
+        return stored, torch.zeros_like(found)  # the rows below the cache are not found
+
+    _replace(HostDiskTier, "read", read)
+
+
+def _fp16_rows_rounded_patch() -> None:
+    from torchrec_ascend.kernels.pool import Pool
+
+    original = Pool.pack
+
+    def pack(self: Any, t: int, slots: Any) -> Any:
+        rows = original(self, t, slots)
+        if self._tbe.weights(t).dtype == torch.float16:  # FP16 rows leave the cache rounded to BF16
+            rows[:, :self.cols(t)] = rows[:, :self.cols(t)].bfloat16().float()
+        return rows
+
+    _replace(Pool, "pack", pack)
+
+
 FAULTS = {
     "bucketize_off_by_one": _after_import(None, _bucketize_off_by_one),
     "drop_update": _after_import(None, _drop_update),
@@ -910,6 +939,8 @@ FAULTS = {
     "rows_without_ids_accepted": _after_import("torchrec_ascend.checkpoint.stock", _rows_without_ids_accepted_patch),
     "misplaced_ids_accepted": _after_import("torchrec_ascend.checkpoint.stock", _misplaced_ids_accepted_patch),
     "adam_step_off_by_one": _after_import("torchrec_ascend.kernels.fused_adam", _adam_step_off_by_one_patch),
+    "tiers_unread_in_eval": _after_import("torchrec_ascend.kernels.key_value.tier", _tiers_unread_in_eval_patch),
+    "fp16_rows_rounded": _after_import("torchrec_ascend.kernels.pool", _fp16_rows_rounded_patch),
 }
 for _entry in os.environ[FAULT_ENV].split(","):
     _fault, _, _scope = _entry.partition("@")

@@ -446,6 +446,9 @@ FULL_RUN_FAULTS: Faults = {
         "must be refused saying"),
     # Fused ADAM against torch.optim.Adam (bias correction by the step count).
     "adam_step_off_by_one": ("hash_tables", {"test_case[ebc-row_wise-adam]"}, "oracle"),
+    # KEY_VALUE: evaluation reads every tier; FP16 rows travel through the tiers exactly.
+    "tiers_unread_in_eval": ("key_value", {"test_case[ebc-row_wise-rowwise_adagrad-30-64-8-eval]"}, "not bit for bit"),
+    "fp16_rows_rounded": ("key_value", {"test_case[ebc-row_wise-rowwise_adagrad-30-64-8-fp16]"}, "not bit for bit"),
 }
 #: The full-run faults only the emulated NPU can see.
 EMULATED_ONLY = {"first_prefetch_unordered"}
