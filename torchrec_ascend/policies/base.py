@@ -72,7 +72,7 @@ class EvictionPolicy(abc.ABC):
         step: int,
         signals: Optional[Dict[str, torch.Tensor]] = None,
     ) -> None:
-        """Resident ``slots`` were used by the batch of ``step``, ``counts`` times each.
+        """Resident ``slots`` (distinct) were used by the batch of ``step``, ``counts`` times each.
 
         ``signals`` carries optional per-slot tensors aligned with ``slots`` (for example ``"shows"``,
         ``"clicks"``); a policy ignores the ones it does not use.

@@ -106,7 +106,7 @@ class CheckedEvictionPolicy(_Checked, EvictionPolicy):
     ) -> None:
         # optional arguments are passed only when given, so policies written against the short form keep working
         self._calls["on_insert"](slots, keys, step, **_given(counts=counts, signals=signals))
-        self.resident[slots] = True
+        self.resident.index_fill_(0, slots, True)
 
     def on_access(
         self,
@@ -120,7 +120,7 @@ class CheckedEvictionPolicy(_Checked, EvictionPolicy):
 
     def on_remove(self, slots: torch.Tensor) -> None:
         self._calls["on_remove"](slots)
-        self.resident[slots] = False
+        self.resident.index_fill_(0, slots, False)
 
     def select_victims(self, num: int, evictable: torch.Tensor, step: int) -> torch.Tensor:
         available = int((self.resident & evictable).sum())

@@ -40,15 +40,18 @@ def slots_problem(slots: Any, capacity: int, resident: torch.Tensor) -> Optional
         return f"returned a {type(slots).__name__}, expected a 1-D int64 tensor of slots"
     if slots.dtype != torch.int64 or slots.dim() != 1:
         return f"returned a {slots.dim()}-D {slots.dtype} tensor, expected a 1-D int64 tensor of slots"
-    outside = slots[(slots < 0) | (slots >= capacity)]
-    if outside.numel():
-        return f"returned slots {_quote(outside)} outside [0, {capacity})"
-    repeated = (torch.bincount(slots, minlength=capacity) > 1).nonzero().squeeze(1)  # O(n + capacity), no sort
-    if repeated.numel():
-        return f"returned slots {_quote(repeated)} more than once"
-    absent = slots[~resident[slots]]
-    if absent.numel():
-        return f"returned slots {_quote(absent)} that are not resident"
+    if not slots.numel():
+        return None
+    # Each test is a reduction; the offending slots are gathered only to describe a failure.
+    outside = (slots < 0) | (slots >= capacity)
+    if bool(outside.any()):
+        return f"returned slots {_quote(slots[outside])} outside [0, {capacity})"
+    counts = torch.bincount(slots, minlength=capacity)  # O(n + capacity), no sort
+    if int(counts.max()) > 1:
+        return f"returned slots {_quote((counts > 1).nonzero().squeeze(1))} more than once"
+    held = resident.index_select(0, slots)
+    if not bool(held.all()):
+        return f"returned slots {_quote(slots[~held])} that are not resident"
     return None
 
 
@@ -72,9 +75,9 @@ def victims_problem(
         return problem
     if victims.numel() != num:
         return f"returned {victims.numel()} victims, expected exactly {num}"
-    pinned = victims[~evictable[victims]]
-    if pinned.numel():
-        return f"returned slots {_quote(pinned)} that are not evictable (in use by an in-flight batch)"
+    free = evictable.index_select(0, victims)
+    if not bool(free.all()):
+        return f"returned slots {_quote(victims[~free])} that are not evictable (in use by an in-flight batch)"
     return None
 
 

@@ -54,8 +54,8 @@ class LFU(ScoredEvictionPolicy):
     def record(
         self, slots: torch.Tensor, counts: torch.Tensor, step: int, signals: Optional[Dict[str, torch.Tensor]]
     ) -> None:
-        self.count[slots] += counts
-        self.last_step[slots] = step
+        self.count.index_add_(0, slots, counts)  # (slots are distinct)
+        self.last_step.index_fill_(0, slots, step)
 
     def scores(self, step: int) -> torch.Tensor:
         return pack(self.count, self.last_step)
@@ -105,7 +105,7 @@ class EpochLFU(EpochScoredPolicy):
         epoch = self.epoch(step)
         stale = self.last_epoch[slots] != epoch
         self.epoch_count[slots] = torch.where(stale, 0, self.epoch_count[slots]) + counts
-        self.last_epoch[slots] = epoch
+        self.last_epoch.index_fill_(0, slots, epoch)
 
     def scores(self, step: int) -> torch.Tensor:
         return pack(self.last_epoch, self.epoch_count)

@@ -37,7 +37,7 @@ class LRU(ScoredEvictionPolicy):
     def record(
         self, slots: torch.Tensor, counts: torch.Tensor, step: int, signals: Optional[Dict[str, torch.Tensor]]
     ) -> None:
-        self.last_step[slots] = step
+        self.last_step.index_fill_(0, slots, step)
 
     def scores(self, step: int) -> torch.Tensor:
         return self.last_step

@@ -67,10 +67,12 @@ class ShowClickEviction(ScoredEvictionPolicy):
         self.last_step = torch.zeros(capacity, dtype=torch.int64)
 
     def reset(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
-        self.score[slots] = 0.0
-        self.last_step[slots] = step
+        self.score.index_fill_(0, slots, 0.0)
+        self.last_step.index_fill_(0, slots, step)
 
     def _decayed(self, score: torch.Tensor, last: torch.Tensor, step: int) -> torch.Tensor:
+        if self.score_decay == 1.0:  # no decay (the default): the scores as they are, no power of each slot
+            return score
         idle = (step - last).clamp(min=0).to(torch.float64)
         return score * torch.pow(torch.tensor(self.score_decay, dtype=torch.float64), idle)
 
@@ -80,14 +82,14 @@ class ShowClickEviction(ScoredEvictionPolicy):
         shows, clicks = shows_and_clicks(counts, signals)
         old = self._decayed(self.score[slots], self.last_step[slots], step)
         self.score[slots] = old + self.alpha * shows + self.beta * clicks
-        self.last_step[slots] = step
+        self.last_step.index_fill_(0, slots, step)
 
     def scores(self, step: int) -> torch.Tensor:
         return self._decayed(self.score, self.last_step, step)
 
     def expired(self, step: int) -> torch.Tensor:
         num = int(self.evict_percentage * int(self.resident.sum()))
-        return lowest(self.scores(step), self.resident, num)
+        return lowest(self.scores(step), self.resident, num) if num else torch.empty(0, dtype=torch.int64)
 
 
 class ShowClickAdmission(ThresholdAdmission):
