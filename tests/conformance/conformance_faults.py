@@ -122,6 +122,17 @@ stock state_dict round trips):
   disk (they read the not-admitted vector).
 * ``fp16_rows_rounded``: an FP16 KEY_VALUE table's rows are rounded to BF16 on their way out of the cache.
 
+Faults of the injection hooks stock modules run through (full-run cases of the sharding check). A hook's wrapper is
+installed once, at import, but calls the hook module's own functions by name at each call, so replacing one of those
+reaches the stock code path:
+
+* ``copy_deep_copies_groups``: ``DMP.copy()``'s patched ``sharded_model_copy`` marks no class as shared, so the copy
+  deep-copies the process groups.
+* ``uneven_gradient_reversed``: the backward of an uneven reduce-scatter (per-rank batch sizes that differ, an empty
+  batch, VBE) sends each sample's gradient to the sample at the other end of the batch.
+* ``prefetch_left_to_streams``: without streams (the CPU), ``PrefetchTrainPipelineSparseDist``'s prefetch step does
+  nothing again (stock TorchRec's behaviour there), so the batch never reaches the forward.
+
 More faults of quick checks, of parts outside the kernels:
 
 * ``backend_no_suggestion``: an unknown backend name is refused without the closest valid name.
@@ -881,6 +892,29 @@ def _fp16_rows_rounded_patch() -> None:
     _replace(Pool, "pack", pack)
 
 
+
+def _copy_deep_copies_groups_patch() -> None:
+    from torchrec_ascend.hooks import process_group
+
+    _replace(process_group, "no_copy_classes", lambda: [])
+
+
+def _uneven_gradient_reversed_patch() -> None:
+    from torchrec_ascend.hooks import uneven_collectives
+
+    original = uneven_collectives.scatter_uneven_gradient
+
+    def scatter_uneven_gradient(ctx: Any, grad_output: Any) -> Any:  # (not scaled: Adagrad would undo a scale)
+        return original(ctx, grad_output.flip(0))
+
+    _replace(uneven_collectives, "scatter_uneven_gradient", scatter_uneven_gradient)
+
+
+def _prefetch_left_to_streams_patch() -> None:
+    from torchrec_ascend.hooks import pipeline_streams
+
+    _replace(pipeline_streams, "prefetch_in_program_order", lambda context, pipelined_modules: None)
+
 FAULTS = {
     "bucketize_off_by_one": _after_import(None, _bucketize_off_by_one),
     "drop_update": _after_import(None, _drop_update),
@@ -941,6 +975,11 @@ FAULTS = {
     "adam_step_off_by_one": _after_import("torchrec_ascend.kernels.fused_adam", _adam_step_off_by_one_patch),
     "tiers_unread_in_eval": _after_import("torchrec_ascend.kernels.key_value.tier", _tiers_unread_in_eval_patch),
     "fp16_rows_rounded": _after_import("torchrec_ascend.kernels.pool", _fp16_rows_rounded_patch),
+    "copy_deep_copies_groups": _after_import("torchrec_ascend.hooks.process_group", _copy_deep_copies_groups_patch),
+    "uneven_gradient_reversed": _after_import("torchrec_ascend.hooks.uneven_collectives",
+                                              _uneven_gradient_reversed_patch),
+    "prefetch_left_to_streams": _after_import("torchrec_ascend.hooks.pipeline_streams",
+                                              _prefetch_left_to_streams_patch),
 }
 for _entry in os.environ[FAULT_ENV].split(","):
     _fault, _, _scope = _entry.partition("@")

@@ -13,7 +13,9 @@ without its suggestion, a checkpoint file name leaving its folder, a disk-tier r
 emulated NPU, run on the cases it must fail alone with ``--case``), more whose cases run in full runs only (a Saver
 load refused on one rank alone, a KEY_VALUE load holding an ID twice, ADAM's betas unchecked, the planner's estimate
 of a KEY_VALUE cache, a FUSED hash table's ``weight_id`` not restored, the not-admitted row in the optimizer state,
-``dense_state_dict`` leaving out plain tables; CPU and emulated NPU, ``--case``), and on the emulated NPU
+``dense_state_dict`` leaving out plain tables, and the injection hooks stock modules run through: ``DMP.copy()``'s
+shared process groups, the backward of uneven per-rank batches, the prefetch step of stock
+``PrefetchTrainPipelineSparseDist`` without streams; CPU and emulated NPU, ``--case``), and on the emulated NPU
 only a dropped host-to-device copy and the stream-order check's faults: a missing stage wait, a missing
 ``record_stream``, a host read of an in-flight copy. Faults run in groups (``fault_rounds``): in one run of a check each
 fault is scoped to the cases it must fail (``FAULT@TEST``) and no case is another fault's, so each case fails with
@@ -202,6 +204,9 @@ def controls(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Dict[str, st
 #: Faults that replace a value, not a function: they cannot be scoped to cases and run alone (see
 #: ``conformance_faults.py``).
 UNSCOPED = {"hash_sharding_unchecked"}
+#: Faults that run alone: the unscoped ones, and those that stop a script's ranks (the emulated NPU's stream-order
+#: check), after which every case of the script reports the script's first error, another fault's in a group.
+RUN_ALONE = UNSCOPED | {"first_prefetch_unordered"}
 Faults = Dict[str, Tuple[str, Set[str], Any]]
 
 
@@ -216,8 +221,8 @@ def fault_rounds(faults: Faults, parametrized_only: bool = False) -> List[Tuple[
         failing = {name for name in failing if "[" in name} if parametrized_only else failing
         if not failing:
             continue
-        room = next((r for r in rounds if r[0] == check and not r[2] & failing and fault not in UNSCOPED
-                     and not set(r[1]) & UNSCOPED), None)
+        room = next((r for r in rounds if r[0] == check and not r[2] & failing and fault not in RUN_ALONE
+                     and not set(r[1]) & RUN_ALONE), None)
         if room is None:
             rounds.append((check, [fault], set(failing)))
         else:
@@ -449,14 +454,24 @@ FULL_RUN_FAULTS: Faults = {
     # KEY_VALUE: evaluation reads every tier; FP16 rows travel through the tiers exactly.
     "tiers_unread_in_eval": ("key_value", {"test_case[ebc-row_wise-rowwise_adagrad-30-64-8-eval]"}, "not bit for bit"),
     "fp16_rows_rounded": ("key_value", {"test_case[ebc-row_wise-rowwise_adagrad-30-64-8-fp16]"}, "not bit for bit"),
+    # Stock modules through our injection hooks: DMP.copy(), the backward of per-rank batch sizes that differ (an
+    # empty batch, VBE), PrefetchTrainPipelineSparseDist's prefetch step without streams.
+    "copy_deep_copies_groups": ("sharding", {"test_case[copy]"}, "cannot pickle"),
+    "uneven_gradient_reversed": ("sharding", {"test_case[ebc-row_wise-rowwise_adagrad-variable-variable]",
+                                              "test_case[ebc-row_wise-rowwise_adagrad-empty-empty]",
+                                              "test_case[ebc-row_wise-rowwise_adagrad-vbe-vbe]"},
+                                 "forward output differs from the unsharded reference"),
+    "prefetch_left_to_streams": ("sharding", {"test_case[pipeline-prefetch-fused]",
+                                              "test_case[pipeline-prefetch-key_value]"},
+                                 "Invalid PrefetchPipelinedForward usage"),
 }
-#: The full-run faults only the emulated NPU can see.
+#: The full-run faults only the emulated NPU can see, and those of a path only the CPU takes (no streams).
 EMULATED_ONLY = {"first_prefetch_unordered"}
+CPU_ONLY = {"prefetch_left_to_streams"}
 
 
-FULL_RUN_ROUNDS = [(round_, "cpu") for round_ in fault_rounds(
-    {fault: v for fault, v in FULL_RUN_FAULTS.items() if fault not in EMULATED_ONLY})] + [
-    (round_, "emulated_npu") for round_ in fault_rounds(FULL_RUN_FAULTS)]
+FULL_RUN_ROUNDS = [(round_, device) for device, left_out in (("cpu", EMULATED_ONLY), ("emulated_npu", CPU_ONLY))
+                   for round_ in fault_rounds({f: v for f, v in FULL_RUN_FAULTS.items() if f not in left_out})]
 
 
 @pytest.mark.teeth

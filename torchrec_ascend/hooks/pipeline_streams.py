@@ -125,6 +125,17 @@ def _wait_impl(original: Callable[..., Any]) -> Callable[..., Any]:
     return _wait_impl
 
 
+def prefetch_in_program_order(context: Any, pipelined_modules: Any) -> None:
+    """``PrefetchTrainPipelineSparseDist``'s prefetch step without streams (the CPU): wait for each module's input
+    dist, ``prefetch``, and hand the batch and its context to the forward, in program order."""
+    for sharded_module in pipelined_modules:
+        name = sharded_module.forward._name
+        dist_input = context.input_dist_tensors_requests.pop(name).wait()
+        sharded_module.prefetch(ctx=context.module_contexts[name], dist_input=dist_input, forward_stream=None)
+        context.module_input_post_prefetch[name] = dist_input
+        context.module_contexts_post_prefetch[name] = context.module_contexts.pop(name)
+
+
 def _prefetch_without_streams(original: Callable[..., None]) -> Callable[..., None]:
     def prefetch_embeddings(
         context: Any, pipelined_modules: Any, device: Any, stream_context: Any, data_dist_stream: Any,
@@ -132,12 +143,7 @@ def _prefetch_without_streams(original: Callable[..., None]) -> Callable[..., No
     ) -> None:
         if data_dist_stream is not None:
             return original(context, pipelined_modules, device, stream_context, data_dist_stream, forward_stream)
-        for sharded_module in pipelined_modules:
-            name = sharded_module.forward._name
-            dist_input = context.input_dist_tensors_requests.pop(name).wait()
-            sharded_module.prefetch(ctx=context.module_contexts[name], dist_input=dist_input, forward_stream=None)
-            context.module_input_post_prefetch[name] = dist_input
-            context.module_contexts_post_prefetch[name] = context.module_contexts.pop(name)
+        prefetch_in_program_order(context, pipelined_modules)
 
     return prefetch_embeddings
 

@@ -25,29 +25,36 @@ from torchrec_ascend.injection.patch import Patch
 from torchrec_ascend.versions import TORCHREC
 
 
+def scatter_uneven_gradient(ctx: Any, grad_output: Any) -> Tuple[Any, ...]:
+    """The backward of an uneven ``ReduceScatterV``: every rank's full gradient to every rank by
+    ``all_to_all_single``, received at the rank's own split (what the stock backward's ``all_gather`` does, on any
+    backend)."""
+    import torch.distributed as dist
+
+    myreq = ctx.myreq
+    rsi = myreq.rsi
+    if rsi.codecs is not None:
+        grad_output = rsi.codecs.backward.encode(grad_output)
+    grad_output = grad_output.contiguous()
+    grad_input = grad_output.new_empty(rsi.total_input_size)
+    world = dist.get_world_size(ctx.pg)
+    myreq.req = dist.all_to_all_single(
+        grad_input,
+        grad_output.repeat((world,) + (1,) * (grad_output.dim() - 1)),
+        output_split_sizes=list(rsi.input_splits),
+        input_split_sizes=[grad_output.size(0)] * world,
+        group=ctx.pg,
+        async_op=True,
+    )
+    myreq.tensor = grad_input
+    return (None, None, myreq.dummy_tensor)
+
+
 def _uneven_backward(original: Callable[..., Tuple[Any, ...]]) -> Callable[..., Tuple[Any, ...]]:
     def backward(ctx: Any, grad_output: Any) -> Tuple[Any, ...]:
-        import torch.distributed as dist
-
-        myreq = ctx.myreq
-        rsi = myreq.rsi
-        if rsi.equal_splits:
+        if ctx.myreq.rsi.equal_splits:
             return original(ctx, grad_output)
-        if rsi.codecs is not None:
-            grad_output = rsi.codecs.backward.encode(grad_output)
-        grad_output = grad_output.contiguous()
-        grad_input = grad_output.new_empty(rsi.total_input_size)
-        world = dist.get_world_size(ctx.pg)
-        myreq.req = dist.all_to_all_single(
-            grad_input,
-            grad_output.repeat((world,) + (1,) * (grad_output.dim() - 1)),
-            output_split_sizes=list(rsi.input_splits),
-            input_split_sizes=[grad_output.size(0)] * world,
-            group=ctx.pg,
-            async_op=True,
-        )
-        myreq.tensor = grad_input
-        return (None, None, myreq.dummy_tensor)
+        return scatter_uneven_gradient(ctx, grad_output)
 
     return backward
 
