@@ -210,6 +210,11 @@ RUN_ALONE = UNSCOPED | {"first_prefetch_unordered"}
 Faults = Dict[str, Tuple[str, Set[str], Any]]
 
 
+def runnable(cases: Set[str], parametrized_only: bool) -> Set[str]:
+    """The cases a run reaches: with ``parametrized_only`` (runs with ``--case``), the parametrized ones alone."""
+    return {case for case in cases if "[" in case or not parametrized_only}
+
+
 def fault_rounds(faults: Faults, parametrized_only: bool = False) -> List[Tuple[str, Tuple[str, ...]]]:
     """The faults grouped into runs, per check: in a run each fault is scoped to the cases it must fail, and no case
     is any other fault's, so each case fails for its own fault alone and one run shows several faults biting.
@@ -218,7 +223,7 @@ def fault_rounds(faults: Faults, parametrized_only: bool = False) -> List[Tuple[
     rounds: List[Tuple[str, List[str], Set[str]]] = []
     for fault in sorted(faults):
         check, failing, _ = faults[fault]
-        failing = {name for name in failing if "[" in name} if parametrized_only else failing
+        failing = runnable(failing, parametrized_only)
         if not failing:
             continue
         room = next((r for r in rounds if r[0] == check and not r[2] & failing and fault not in RUN_ALONE
@@ -241,7 +246,7 @@ def scoped(faults: Faults, names: Tuple[str, ...], parametrized_only: bool = Fal
     and the cases that must fail."""
     entries, failing = [], set()
     for fault in names:
-        cases = {c for c in faults[fault][1] if "[" in c or not parametrized_only}
+        cases = runnable(faults[fault][1], parametrized_only)
         failing |= cases
         entries += [fault] if fault in UNSCOPED else [f"{fault}@{case}" for case in sorted(cases)]
     env = {"TORCHREC_ASCEND_TEST_FAULT": ",".join(entries), "TORCHREC_ASCEND_COLLECTIVE_TIMEOUT_S": "20"}
@@ -255,7 +260,7 @@ def assert_each_fault_bites(faults: Faults, names: Tuple[str, ...], junit: Path,
     for fault in names:
         check, failing, phrase = faults[fault]
         phrases = (phrase,) if isinstance(phrase, str) else phrase
-        for case in sorted(c for c in failing if "[" in c or not parametrized_only):
+        for case in sorted(runnable(failing, parametrized_only)):
             assert any(p in said.get(case, "") for p in phrases), \
                 f"{fault}: {case} did not fail saying {phrases}:\n{said.get(case, 'it passed')}\n{output}"
         assert f"test_{check}.py" in output, output

@@ -43,8 +43,8 @@ def lowest(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> torch.Te
     if num < int(candidates.sum()):
         # One topk over every slot, the others scoring the dtype's largest value: a third of the cost of gathering
         # the candidates first. Only a candidate scoring that value too can let another slot in; then gather.
-        largest = float("inf") if scores.is_floating_point() else torch.iinfo(scores.dtype).max
-        chosen = torch.topk(scores.masked_fill(~candidates, largest), num, largest=False, sorted=False).indices
+        ceiling = float("inf") if scores.is_floating_point() else torch.iinfo(scores.dtype).max
+        chosen = torch.topk(scores.masked_fill(~candidates, ceiling), num, largest=False, sorted=False).indices
         if bool(candidates[chosen].all()):
             return chosen
     slots = candidates.nonzero().squeeze(1)
