@@ -130,6 +130,8 @@ reaches the stock code path:
   deep-copies the process groups.
 * ``uneven_gradient_reversed``: the backward of an uneven reduce-scatter (per-rank batch sizes that differ, an empty
   batch, VBE) sends each sample's gradient to the sample at the other end of the batch.
+* ``streams_unfilled``: TorchRec's pipelines get no streams on a device TorchRec does not manage (``fill_streams``
+  does nothing), so they copy, distribute and compute on one stream: nothing overlaps (emulated NPU only).
 * ``prefetch_left_to_streams``: without streams (the CPU), ``PrefetchTrainPipelineSparseDist``'s prefetch step does
   nothing again (stock TorchRec's behaviour there), so the batch never reaches the forward.
 
@@ -910,6 +912,12 @@ def _uneven_gradient_reversed_patch() -> None:
     _replace(uneven_collectives, "scatter_uneven_gradient", scatter_uneven_gradient)
 
 
+def _streams_unfilled_patch() -> None:
+    from torchrec_ascend.hooks import pipeline_streams
+
+    _replace(pipeline_streams, "fill_streams", lambda pipeline, device=None: None)
+
+
 def _prefetch_left_to_streams_patch() -> None:
     from torchrec_ascend.hooks import pipeline_streams
 
@@ -978,6 +986,7 @@ FAULTS = {
     "copy_deep_copies_groups": _after_import("torchrec_ascend.hooks.process_group", _copy_deep_copies_groups_patch),
     "uneven_gradient_reversed": _after_import("torchrec_ascend.hooks.uneven_collectives",
                                               _uneven_gradient_reversed_patch),
+    "streams_unfilled": _after_import("torchrec_ascend.hooks.pipeline_streams", _streams_unfilled_patch),
     "prefetch_left_to_streams": _after_import("torchrec_ascend.hooks.pipeline_streams",
                                               _prefetch_left_to_streams_patch),
 }

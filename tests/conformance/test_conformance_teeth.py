@@ -15,7 +15,8 @@ load refused on one rank alone, a KEY_VALUE load holding an ID twice, ADAM's bet
 of a KEY_VALUE cache, a FUSED hash table's ``weight_id`` not restored, the not-admitted row in the optimizer state,
 ``dense_state_dict`` leaving out plain tables, and the injection hooks stock modules run through: ``DMP.copy()``'s
 shared process groups, the backward of uneven per-rank batches, the prefetch step of stock
-``PrefetchTrainPipelineSparseDist`` without streams; CPU and emulated NPU, ``--case``), and on the emulated NPU
+``PrefetchTrainPipelineSparseDist`` without streams (CPU), the streams of stock pipelines (emulated NPU); CPU and
+emulated NPU, ``--case``), and on the emulated NPU
 only a dropped host-to-device copy and the stream-order check's faults: a missing stage wait, a missing
 ``record_stream``, a host read of an in-flight copy. Faults run in groups (``fault_rounds``): in one run of a check each
 fault is scoped to the cases it must fail (``FAULT@TEST``) and no case is another fault's, so each case fails with
@@ -466,12 +467,16 @@ FULL_RUN_FAULTS: Faults = {
                                               "test_case[ebc-row_wise-rowwise_adagrad-empty-empty]",
                                               "test_case[ebc-row_wise-rowwise_adagrad-vbe-vbe]"},
                                  "forward output differs from the unsharded reference"),
+    # ... and on a device with streams, TorchRec's pipelines get the device's (they copy on a stream of their own).
+    "streams_unfilled": ("sharding", {"test_case[pipeline]", "test_case[pipeline-sparse_dist-key_value]",
+                                      "test_case[pipeline-prefetch-fused]", "test_case[pipeline-eval-fused]",
+                                      "test_case[pipeline-eval-key_value]"}, "on a stream of its own"),
     "prefetch_left_to_streams": ("sharding", {"test_case[pipeline-prefetch-fused]",
                                               "test_case[pipeline-prefetch-key_value]"},
                                  "Invalid PrefetchPipelinedForward usage"),
 }
 #: The full-run faults only the emulated NPU can see, and those of a path only the CPU takes (no streams).
-EMULATED_ONLY = {"first_prefetch_unordered"}
+EMULATED_ONLY = {"first_prefetch_unordered", "streams_unfilled"}
 CPU_ONLY = {"prefetch_left_to_streams"}
 
 

@@ -7,7 +7,8 @@ runs add one case per setting of stock modules (per-rank batch sizes, an empty b
 FP16, int32, eval) and stock ``TrainPipelineSparseDist``, ``PrefetchTrainPipelineSparseDist`` and
 ``EvalPipelineSparseDist`` against a plain loop with FUSED and KEY_VALUE tables (``cases.STOCK_PIPELINES``).
 Oracle: the unsharded module trained on the global batch; every step's output and the final weights must agree.
-The sharded model and its batches live on the suite's device, and each case reports where its tensors lived.
+The sharded model and its batches live on the suite's device, and each case reports where its tensors lived. On a
+device with streams, a stock pipeline must copy every batch on a stream other than the default one (its own).
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ def test_case(case: Case, request: Any) -> None:
             f"the eval-mode forward differs from the unsharded reference by {result['eval_err']}")
     if case.params["kind"] == "pipeline" and "pipeline" in case.params:
         assert result["steps"] == PIPELINE_STEPS, f"the pipeline gave {result['steps']} of {PIPELINE_STEPS} batches"
+    suite: SuiteConfig = request.getfixturevalue("suite")
+    if case.params["kind"] == "pipeline" and suite.profile.streams is not None:
+        assert result["side_stream_copies"] == PIPELINE_STEPS, (
+            f"the pipeline copied {result['side_stream_copies']} of its {PIPELINE_STEPS} batches to "
+            f"{suite.device} on a stream of its own: without streams a pipeline overlaps nothing (torchrec-ascend's "
+            "H4 hooks give TorchRec's pipelines the device's streams)")
     min_shards = case.expect.get("min_shards", 1)
     assert (result.get("shards") or 1) >= min_shards, (
         f"the plan made {result.get('shards')} shard(s) of a table, expected at least {min_shards}: this case would "

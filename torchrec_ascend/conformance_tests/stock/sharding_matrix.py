@@ -19,7 +19,8 @@ Case kinds (JSON objects):
   ``"eval": true`` (also an eval-mode forward under ``torch.no_grad()`` after training).
 * ``{"kind": "pipeline", "pipeline": "sparse_dist"|"prefetch"|"eval"|"semi_sync", "kernel": "fused"|"key_value"}``:
   a stock TorchRec pipeline vs a plain loop, same initial weights; every step's output, a held-out batch's output
-  in eval mode and (FUSED) the final weights are compared.
+  in eval mode and (FUSED) the final weights are compared. ``side_stream_copies``: how many of the pipeline's
+  batches were copied to the device on a stream other than the default one (0 on the CPU, which has none).
 * ``{"kind": "copy"}``: ``DistributedModelParallel.copy()`` to the device it is on: same outputs and weights, and the
   copy trains.
 * ``{"kind": "dcp", "module": "ebc"|"ec", "sharding_type": ..., "kernel": "key_value"|"fused", "load_sharding_type":
@@ -473,11 +474,25 @@ class SparseArch(torch.nn.Module):
         return torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels), logits
 
 
+#: Per batch copied to a device with streams: whether the copy ran on a stream other than the default one.
+COPIED_ON_SIDE_STREAM: List[bool] = []
+
+
 def pipeline_batch(step: int, rank: int) -> Any:
     from torchrec.datasets.utils import Batch
 
+    class StreamNotingBatch(Batch):
+        """A stock ``Batch`` that notes the stream its device copy ran on (a pipeline copies on its memcpy stream,
+        if the device has streams for it)."""
+
+        def to(self, device: torch.device, non_blocking: bool = False) -> Batch:
+            streams = torch.get_device_module(device) if device.type != "cpu" else None
+            if streams is not None and hasattr(streams, "current_stream"):
+                COPIED_ON_SIDE_STREAM.append(streams.current_stream(device) != streams.default_stream(device))
+            return super().to(device, non_blocking)
+
     gen = torch.Generator().manual_seed(5000 + 1000 * step + rank)
-    return Batch(
+    return StreamNotingBatch(
         dense_features=torch.randn(BATCH, 2, generator=gen),
         sparse_features=make_batch(step, rank),
         labels=torch.randint(0, 2, (BATCH,), generator=gen).float(),
@@ -545,6 +560,7 @@ def run_pipeline_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, 
     if name == "eval":
         piped.eval()
     pipeline = _pipeline(name, piped, piped_opt)
+    COPIED_ON_SIDE_STREAM.clear()
     feed = iter(batches)
     outputs: List[torch.Tensor] = []
     with torch.no_grad() if name == "eval" else contextlib.nullcontext():
@@ -580,6 +596,7 @@ def run_pipeline_case(case: Dict[str, Any], pg: dist.ProcessGroup) -> Dict[str, 
     if name == "eval":
         moved = max(_max_abs(x) for x in outputs)  # nothing trains; the outputs must not be all zero
     return {"fwd_err": fwd_err, "weight_err": err, "moved": moved, "steps": len(outputs),
+            "side_stream_copies": sum(COPIED_ON_SIDE_STREAM),
             "residency": residency(parameters=piped, optimizer=[piped.fused_optimizer, piped_opt], inputs=held_out,
                                    outputs=outputs)}
 
