@@ -691,14 +691,14 @@ def _init_from_slot_patch() -> None:
 
 
 def _adam_betas_unchecked_patch() -> None:
-    from torchrec_ascend.kernels import fused_adam
+    from torchrec_ascend.kernels import fused_optimizers
 
-    original = fused_adam.check_hyper_parameters
+    original = fused_optimizers.check_hyper_parameters
 
-    def check_hyper_parameters(fused_params: Any, tables: Any) -> None:
-        original({k: v for k, v in (fused_params or {}).items() if k not in ("beta1", "beta2")}, tables)
+    def check_hyper_parameters(fused_params: Any, *args: Any) -> None:
+        original({k: v for k, v in (fused_params or {}).items() if k not in ("beta1", "beta2")}, *args)
 
-    _replace(fused_adam, "check_hyper_parameters", check_hyper_parameters)
+    _replace(fused_optimizers, "check_hyper_parameters", check_hyper_parameters)
 
 
 def _weight_ids_ignored_patch() -> None:
@@ -858,14 +858,14 @@ def _misplaced_ids_accepted_patch() -> None:
 
 
 def _adam_step_off_by_one_patch() -> None:
-    from torchrec_ascend.kernels.fused_adam import _AdamLookup
+    from torchrec_ascend.kernels.fused_optimizers import _FusedLookup
 
-    original = _AdamLookup._step
+    original = _FusedLookup._step
 
     def step(self: Any, *args: Any) -> None:
         original(self, *args[:-1], args[-1] + 1)  # bias correction one step ahead
 
-    _replace(_AdamLookup, "_step", step)
+    _replace(_FusedLookup, "_step", step)
 
 
 def _tiers_unread_in_eval_patch() -> None:
@@ -965,7 +965,7 @@ FAULTS = {
     "disk_checksum_partial": _after_import("torchrec_ascend.kernels.key_value.disk_record",
                                            _disk_checksum_partial_patch),
     "init_from_slot": _after_import("torchrec_ascend.kernels.pool", _init_from_slot_patch),
-    "adam_betas_unchecked": _after_import("torchrec_ascend.kernels.fused_adam", _adam_betas_unchecked_patch),
+    "adam_betas_unchecked": _after_import("torchrec_ascend.kernels.fused_optimizers", _adam_betas_unchecked_patch),
     "weight_ids_ignored": _after_import("torchrec_ascend.checkpoint.stock", _weight_ids_ignored_patch),
     "reserved_row_shown": _after_import("torchrec_ascend.adapters.tbe", _reserved_row_shown_patch),
     "dense_drops_plain": _after_import("torchrec_ascend.checkpoint.stock", _dense_drops_plain_patch),
@@ -980,7 +980,7 @@ FAULTS = {
     "eval_assigns_rows": _after_import("torchrec_ascend.hash.slot_table", _eval_assigns_rows_patch),
     "rows_without_ids_accepted": _after_import("torchrec_ascend.checkpoint.stock", _rows_without_ids_accepted_patch),
     "misplaced_ids_accepted": _after_import("torchrec_ascend.checkpoint.stock", _misplaced_ids_accepted_patch),
-    "adam_step_off_by_one": _after_import("torchrec_ascend.kernels.fused_adam", _adam_step_off_by_one_patch),
+    "adam_step_off_by_one": _after_import("torchrec_ascend.kernels.fused_optimizers", _adam_step_off_by_one_patch),
     "tiers_unread_in_eval": _after_import("torchrec_ascend.kernels.key_value.tier", _tiers_unread_in_eval_patch),
     "fp16_rows_rounded": _after_import("torchrec_ascend.kernels.pool", _fp16_rows_rounded_patch),
     "copy_deep_copies_groups": _after_import("torchrec_ascend.hooks.process_group", _copy_deep_copies_groups_patch),

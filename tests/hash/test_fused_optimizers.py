@@ -60,8 +60,26 @@ def test_supported_optimizer_shards(optimizer: type) -> None:
 
 
 @pytest.mark.parametrize("hashed", [True, False], ids=["hash", "plain"])
-def test_bf16_weights_are_refused_at_sharding_naming_the_supported_precisions(hashed: bool) -> None:
-    """fbgemm's CPU TBE has no BF16 forward: without the check the first lookup fails inside fbgemm."""
-    with pytest.raises(ConfigError, match=r"\[user\]: data_type BF16 .*cpu backend.*weights are FP32, FP16"):
-        shard(torch.optim.Adam, hashed, DataType.BF16)
+def test_a_precision_the_kernel_cannot_hold_is_refused_at_sharding_naming_the_supported_ones(hashed: bool) -> None:
+    """Without the check fbgemm's TBE would fail at the first lookup; BF16 and FP16 weights shard (tests/optimizers)."""
+    with pytest.raises(ConfigError, match=r"\[user\]: data_type INT8 .*cpu backend.*weights are FP32, FP16, BF16"):
+        shard(torch.optim.Adam, hashed, DataType.INT8)
     assert shard(torch.optim.Adam, hashed, DataType.FP16) is not None
+    assert shard(torch.optim.Adagrad, hashed, DataType.BF16) is not None
+
+
+def test_a_weight_decay_mode_on_bf16_tables_is_refused_naming_the_table() -> None:
+    """fbgemm's CPU EXACT_ROWWISE_ADAGRAD steps alike with and without one; BF16 tables refuse it, not drop it."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.tbe.config.optimizer_config import WeightDecayMode
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    ebc = torchrec.EmbeddingBagCollection(tables=[torchrec.EmbeddingBagConfig(
+        name="user", embedding_dim=8, num_embeddings=64, feature_names=["uid"], data_type=DataType.BF16)])
+    sharder = EmbeddingBagCollectionSharder(fused_params={
+        "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1, "weight_decay": 0.01,
+        "weight_decay_mode": WeightDecayMode.DECOUPLE})
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu")).plan(ebc, [sharder])
+    with pytest.raises(ConfigError, match=r"\[user\] \(EXACT_ROWWISE_ADAGRAD, BF16 weights\): weight_decay_mode"):
+        DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                 device=torch.device("cpu"), plan=plan, sharders=[sharder])

@@ -1,4 +1,4 @@
-"""Fused ADAM and PARTIAL_ROWWISE_ADAM on the CPU (``torchrec_ascend.kernels.fused_adam``) against torch.optim.
+"""Fused ADAM and PARTIAL_ROWWISE_ADAM on the CPU (``torchrec_ascend.kernels.fused_optimizers``) against torch.optim.
 
 Oracles that share nothing with the kernel: per table an unsharded ``embedding_bag`` / ``embedding`` with autograd,
 and ``TouchedRowsAdam`` (the conformance scripts' oracle: ``torch.optim.AdamW``'s own update on the rows a step
@@ -37,7 +37,7 @@ from torchrec_ascend.conformance_tests.plugin import hash_tables, key_value
 from torchrec_ascend.conformance_tests.stock import sharding_matrix
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import TouchedRowsAdam
 from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.kernels.fused_adam import install_on_tbe
+from torchrec_ascend.kernels.fused_optimizers import install_on_tbe
 from torchrec_ascend.kernels.walk import sharded_kernels
 
 LR, EPS, BETAS, DECAY = 0.05, 1e-8, (0.8, 0.95), 0.01

@@ -27,9 +27,11 @@ CPU = DeviceProfile(
     ),
     compute_kernels=("fused", "key_value"),
     # fbgemm's CPU TBE fuses the first three; ADAM and PARTIAL_ROWWISE_ADAM ("not supported in CPU mode" there) run
-    # torchrec_ascend.kernels.fused_adam. EMAINPLACE_ROWWISE_ADAGRAD runs in fbgemm's CPU TBE too but is refused:
+    # torchrec_ascend.kernels.fused_optimizers. EMAINPLACE_ROWWISE_ADAGRAD runs in fbgemm's CPU TBE too but is refused:
     # nothing here has checked its updates against an oracle.
     fused_optimizers=("EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM", "PARTIAL_ROWWISE_ADAM"),
+    # BF16 weights (FP32 state): fbgemm has no BF16 CPU lookup, so torchrec_ascend.kernels.fused_optimizers trains them.
+    weight_dtypes=("FP32", "FP16", "BF16"),
     tbe=TbeSpec(location="HOST", compute_device="CPU"),
     # key_value keeps its device cache in host memory here: half of DDR bandwidth (cache plus host-store traffic).
     planner=PlannerSpec(kernel_bandwidths={"key_value": _DDR_BYTES_PER_MS / 2}),

@@ -37,7 +37,7 @@ NPU = DeviceProfile(
     op_modules=("fbgemm_gpu",),
     optional_op_modules=("fbgemm_ascend",),
     # fbgemm's TBE on an accelerator (EmbeddingLocation.DEVICE) calls these, one per fused optimizer below; ADAM and
-    # PARTIAL_ROWWISE_ADAM look up with the SGD one and step in torchrec_ascend.kernels.fused_adam.
+    # PARTIAL_ROWWISE_ADAM look up with the SGD one and step in torchrec_ascend.kernels.fused_optimizers.
     device_tbe_ops=(
         "split_embedding_codegen_lookup_sgd_function_pt2",
         "split_embedding_codegen_lookup_adagrad_function_pt2",
@@ -66,6 +66,8 @@ NPU = DeviceProfile(
     ),
     compute_kernels=("fused", "key_value"),
     fused_optimizers=("EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD", "ADAM", "PARTIAL_ROWWISE_ADAM"),
+    # BF16 weights (FP32 state): fbgemm has no BF16 CPU lookup, so torchrec_ascend.kernels.fused_optimizers trains them.
+    weight_dtypes=("FP32", "FP16", "BF16"),
     tbe=TbeSpec(location="DEVICE", compute_device="CUDA"),  # fbgemm's accelerator path; ops dispatch to PrivateUse1
     streams=StreamSpec(
         device_module="torch.npu",

@@ -6,7 +6,7 @@ over the kernel's own tensors. For our kernels, ``state`` shows instead:
 * a KEY_VALUE table's states sized by the table's rows, not the device cache's (windows of a
   :class:`~torchrec_ascend.checkpoint.key_value_state.TableView`);
 * a hash table's ``<table>.policy_state`` (:class:`~torchrec_ascend.checkpoint.policy_state.PolicyState`);
-* with fused Adam (``torchrec_ascend.kernels.fused_adam``), every table's ``<table>.iter``: the kernel's step
+* with fused Adam (``torchrec_ascend.kernels.fused_optimizers``), every table's ``<table>.iter``: the kernel's step
   counter itself (fbgemm's ``iter``, one per kernel, the same on every rank), which Adam's bias correction reads, so
   a load sets it in place.
 
@@ -29,7 +29,7 @@ from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.checkpoint.key_value_state import views_of
 from torchrec_ascend.checkpoint.policy_state import POLICY_STATE, PolicyState
 from torchrec_ascend.kernels.fused import HashRows
-from torchrec_ascend.kernels.fused_adam import step_counter
+from torchrec_ascend.kernels.fused_optimizers import step_counter
 from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
 from torchrec_ascend.kernels.walk import sharded_kernels
 

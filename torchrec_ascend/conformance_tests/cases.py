@@ -70,7 +70,7 @@ TINY_CACHE = {"cache_rows": 64, "host_kb": 8}
 #: Parity variants (full run), each one case on the first row-wise Adagrad-row-wise case of a module kind: the hash
 #: tables script's (against the unsharded module and the dict model) and the KEY_VALUE script's (against FUSED).
 HASH_VARIANTS = {"ebc": ("mean", "weighted", "int32", "eval"), "ec": ("eval",)}
-KEY_VALUE_VARIANTS = {"ebc": ("mean", "weighted", "mixed_dims", "fp16", "int32", "vbe", "empty_rank", "eval"),
+KEY_VALUE_VARIANTS = {"ebc": ("mean", "weighted", "mixed_dims", "fp16", "bf16", "int32", "vbe", "empty_rank", "eval"),
                       "ec": ("eval",)}
 #: Pins are released after each batch's backward: KEY_VALUE behind HybridTrainPipelineSparseDist on one rank (a batch
 #: that fails on one rank of several would leave the others waiting in a collective until the group's timeout), a

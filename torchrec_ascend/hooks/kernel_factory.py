@@ -103,17 +103,17 @@ def check_kernel_config(config: Any, device: Any) -> None:
             f"{', '.join(profile.fused_optimizers)}). Choose one of those, e.g. "
             "apply_optimizer_in_backward(torch.optim.Adagrad, ...) or RowWiseAdagrad."
         )
-    from torchrec_ascend.kernels import fused_adam  # the kernels import TorchRec modules: not while it imports
+    from torchrec_ascend.kernels import fused_optimizers  # the kernels import TorchRec modules: not while it imports
 
-    fused_adam.check_hyper_parameters(config.fused_params, [t.name for t in config.embedding_tables])
+    fused_optimizers.check_hyper_parameters(config.fused_params, [t.name for t in config.embedding_tables], dtype)
 
 
 def _stock_kernel(build: Callable[[Any], Any], config: Any, device: Any) -> Any:
     """The stock kernel ``build(config)`` makes, trained by our fused Adam where fbgemm has none on ``device``."""
-    from torchrec_ascend.kernels import fused_adam
+    from torchrec_ascend.kernels import fused_optimizers
 
-    kernel = build(fused_adam.stock_config(config, device))
-    fused_adam.finish(kernel, config, device)
+    kernel = build(fused_optimizers.stock_config(config, device))
+    fused_optimizers.finish(kernel, config, device)
     return kernel
 
 

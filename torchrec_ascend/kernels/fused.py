@@ -32,7 +32,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.hash.configs import HashTableSpec, hash_spec_of
 from torchrec_ascend.hash.slot_table import SlotTable
-from torchrec_ascend.kernels import fused_adam
+from torchrec_ascend.kernels import fused_optimizers
 from torchrec_ascend.kernels.id_mapper import IdMapper
 from torchrec_ascend.kernels.pool import Pool
 from torchrec_ascend.kernels.row_tier import PoolOnly, RowTier
@@ -196,8 +196,8 @@ class HashFusedEmbeddingBag(HashRows, BatchedFusedEmbeddingBag):
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None,
                  sharding_type: Any = None, env: Any = None) -> None:
         tbe_config = without_hash_params(with_reserved_rows(config))
-        super().__init__(fused_adam.stock_config(tbe_config, device), pg, device, sharding_type, env)
-        fused_adam.finish(self, tbe_config, device)
+        super().__init__(fused_optimizers.stock_config(tbe_config, device), pg, device, sharding_type, env)
+        fused_optimizers.finish(self, tbe_config, device)
         self._tbe = TBE(self)
         self._tbe.hide_last_rows(without_hash_params(config))
         self._compose(config, _pool_rows(config), [s.overflow for s in _specs(config)])
@@ -211,8 +211,8 @@ class HashFusedEmbedding(HashRows, BatchedFusedEmbedding):
 
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None, env: Any = None) -> None:
         tbe_config = without_hash_params(with_reserved_rows(config))
-        super().__init__(fused_adam.stock_config(tbe_config, device), pg, device)
-        fused_adam.finish(self, tbe_config, device)
+        super().__init__(fused_optimizers.stock_config(tbe_config, device), pg, device)
+        fused_optimizers.finish(self, tbe_config, device)
         self._tbe = TBE(self)
         self._tbe.hide_last_rows(without_hash_params(config))
         self._compose(config, _pool_rows(config), [s.overflow for s in _specs(config)])

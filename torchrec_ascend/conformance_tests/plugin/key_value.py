@@ -5,7 +5,8 @@ Run with torchrun (``conformance_tests/launch.py``), any world size; each case i
 Two copies of the same hash-table model train on the same batches: one FUSED (every row in the TBE), one KEY_VALUE
 with ``R`` cache rows per shard and a host budget of ``K`` KiB spilling to disk. An optional ``"variant"`` changes
 the model or the batches: ``"mean"`` (MEAN pooling), ``"weighted"`` (per-sample weights), ``"mixed_dims"`` (tables
-of dims 8 and 16), ``"fp16"`` (FP16 tables), ``"int32"`` (int32 IDs and lengths), ``"vbe"`` (a variable batch
+of dims 8 and 16), ``"fp16"`` (FP16 tables), ``"bf16"`` (BF16 tables, rounded stochastically as fbgemm's default is),
+``"int32"`` (int32 IDs and lengths), ``"vbe"`` (a variable batch
 size per feature, ``stride_per_key_per_rank``), ``"empty_rank"`` (the last rank's batches have no samples) or
 ``"eval"`` (after training, eval-mode forwards under ``torch.no_grad()`` of batches larger than the cache).
 ``{"kind": "pipeline", ..., "depth": D}`` instead trains a ranker (hash EBC and a linear head) whose KEY_VALUE copy
@@ -56,7 +57,7 @@ BATCH, MAX_LEN = 8, 3  # a row-wise shard sees at most 2 * 8 * 3 = 48 IDs per ta
 
 def make_module(kind: str, variant: str = "") -> torch.nn.Module:
     dims = [DIM * (1 + t) if variant == "mixed_dims" else DIM for t in range(len(TABLES))]
-    data_type = DataType.FP16 if variant == "fp16" else DataType.FP32
+    data_type = {"fp16": DataType.FP16, "bf16": DataType.BF16}.get(variant, DataType.FP32)
     if kind == "ec":
         return torchrec.EmbeddingCollection(tables=[
             HashEmbeddingConfig(name=n, num_embeddings=c, embedding_dim=d, feature_names=[f"f_{n}"], init_seed=s,

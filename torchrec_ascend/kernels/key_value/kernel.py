@@ -47,7 +47,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_ascend.adapters.tbe import TBE
 from torchrec_ascend.errors import ConfigError, InputError
 from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, hash_spec_of
-from torchrec_ascend.kernels import fused_adam
+from torchrec_ascend.kernels import fused_optimizers
 from torchrec_ascend.kernels.fused import HashRows, place_vbe_output, pooled_lookup
 from torchrec_ascend.kernels.id_mapper import with_values
 from torchrec_ascend.kernels.key_value.key_index import reserve
@@ -97,13 +97,13 @@ def _cache_config(config: GroupedEmbeddingConfig) -> GroupedEmbeddingConfig:
 
 
 def zeros_without_memory(rows: int, cols: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A contiguous ``[rows, cols]`` of zeros (float32 or float16) that costs no memory until written (reserved
-    address space, see :func:`reserve`: pages are materialised on touch only, and a table larger than RAM + swap
-    still maps)."""
+    """A contiguous ``[rows, cols]`` of zeros (float32, float16 or bfloat16) that costs no memory until written
+    (reserved address space, see :func:`reserve`: pages are materialised on touch only, and a table larger than RAM +
+    swap still maps)."""
     import numpy as np
 
-    kind = {torch.float32: np.float32, torch.float16: np.float16}[dtype]
-    return torch.from_numpy(reserve(kind, rows * cols)).view(rows, cols)
+    kind = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.uint16}[dtype]
+    return torch.from_numpy(reserve(kind, rows * cols)).view(dtype).view(rows, cols)  # NumPy has no bfloat16
 
 
 def on_the_host(tables: List[Any]) -> List[Any]:
@@ -309,8 +309,8 @@ class KeyValueEmbeddingBag(KeyValueRows, BatchedFusedEmbeddingBag):
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None,
                  sharding_type: Any = None, env: Any = None) -> None:
         cache_config = _cache_config(config)
-        super().__init__(fused_adam.stock_config(cache_config, device), pg, device, sharding_type, env)
-        fused_adam.finish(self, cache_config, device)
+        super().__init__(fused_optimizers.stock_config(cache_config, device), pg, device, sharding_type, env)
+        fused_optimizers.finish(self, cache_config, device)
         self._compose_key_value(config)
 
     def forward(
@@ -358,8 +358,8 @@ class KeyValueEmbedding(KeyValueRows, BatchedFusedEmbedding):
 
     def __init__(self, config: GroupedEmbeddingConfig, pg: Any = None, device: Any = None, env: Any = None) -> None:
         cache_config = _cache_config(config)
-        super().__init__(fused_adam.stock_config(cache_config, device), pg, device)
-        fused_adam.finish(self, cache_config, device)
+        super().__init__(fused_optimizers.stock_config(cache_config, device), pg, device)
+        fused_optimizers.finish(self, cache_config, device)
         self._compose_key_value(config)
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ STANDIN = True
 NATIVE_OPS = (
     "asynchronous_complete_cumsum",
     "permute_2D_sparse_data",
-    # the device TBE lookups the npu profile calls (Adam looks up with the SGD one: torchrec_ascend.kernels.fused_adam)
+    # the device TBE lookups the npu profile calls (Adam looks up with the SGD one: kernels/fused_optimizers.py)
     "split_embedding_codegen_lookup_sgd_function_pt2",
     "split_embedding_codegen_lookup_adagrad_function_pt2",
     "split_embedding_codegen_lookup_rowwise_adagrad_function_pt2",
