@@ -322,8 +322,8 @@ def _kv_optimizer_state_patch() -> None:
     from torchrec_ascend.kernels.key_value.tier import HostDiskTier
 
     def left(self: Any, t: int, slots: Any, ids: Any) -> None:
-        rows = self._pool.pack(t, slots)
-        rows[:, self._pool.cols(t):] = 0.0
+        rows = self._pool.pack_stored(t, slots)
+        rows[:, self._pool.cols(t):] = 0  # the state's bits: 0.0 whatever the encoding
         self.stores[t].put(ids, rows)
         self.swaps[t]["swapped_out"] += ids.numel()
 
@@ -883,15 +883,17 @@ def _tiers_unread_in_eval_patch() -> None:
 def _fp16_rows_rounded_patch() -> None:
     from torchrec_ascend.kernels.pool import Pool
 
-    original = Pool.pack
+    original = Pool.pack_stored
 
-    def pack(self: Any, t: int, slots: Any) -> Any:
+    def pack_stored(self: Any, t: int, slots: Any) -> Any:
         rows = original(self, t, slots)
         if self._tbe.weights(t).dtype == torch.float16:  # FP16 rows leave the cache rounded to BF16
-            rows[:, :self.cols(t)] = rows[:, :self.cols(t)].bfloat16().float()
+            packed = self.codec(t).decode(rows)
+            packed[:, :self.cols(t)] = packed[:, :self.cols(t)].bfloat16().float()
+            rows = self.codec(t).encode(packed)
         return rows
 
-    _replace(Pool, "pack", pack)
+    _replace(Pool, "pack_stored", pack_stored)
 
 
 

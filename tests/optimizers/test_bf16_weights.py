@@ -10,10 +10,13 @@ dropped fraction, and the same batch rounds the same way whatever slots its rows
 
 from __future__ import annotations
 
-from typing import Any, List
+import tempfile
+from typing import Any, Dict, List
 
 import pytest
 import torch
+import torch.distributed as dist
+import torchrec
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
@@ -22,9 +25,17 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.types import DataType
 
+from torchrec_ascend import get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import TouchedRowsAdam
 from torchrec_ascend.kernels.fused_optimizers import install_on_tbe, rounding_noise, stochastic_bf16
+from torchrec_ascend.kernels.pool import RowCodec
+from torchrec_ascend.kernels.walk import sharded_kernels
 
 LR, EPS, BETAS, DECAY = 0.05, 0.01, (0.8, 0.95), 0.01
 FBGEMM_CPU = ["EXACT_SGD", "EXACT_ADAGRAD", "EXACT_ROWWISE_ADAGRAD"]
@@ -192,3 +203,53 @@ def test_duplicates_and_other_slots_round_alike() -> None:
             (out * torch.linspace(-1, 1, out.numel()).view(out.shape)).sum().backward()
         results.append(weights[permutation].clone())
     assert torch.equal(results[0], results[1])
+
+
+@settings(deadline=None, max_examples=25)
+@given(cols=st.integers(1, 9), states=st.integers(0, 9), dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+       seed=st.integers(0, 2**16))
+def test_a_16_bit_row_is_stored_in_its_own_bits_and_comes_back_exactly(cols: int, states: int, dtype: torch.dtype,
+                                                                       seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    packed = torch.randn(5, cols + states, generator=gen)
+    packed[:, :cols] = packed[:, :cols].to(dtype).float()  # the weights a 16-bit table holds
+    codec = RowCodec(cols, states, dtype)
+    stored = codec.encode(packed)
+    assert stored.dtype == torch.int16 and stored.shape == (5, cols + 2 * states)
+    assert torch.equal(codec.decode(stored), packed)
+    assert torch.equal(RowCodec(cols, states, torch.float32).encode(packed), packed)  # FP32 rows as they are
+
+
+def key_value_bytes_per_row(data_type: DataType, optimizer: type, directory: str) -> Dict[str, int]:
+    """Per tier, the bytes a row of a dim-128 KEY_VALUE table takes, read from the kernel's own buffers."""
+    ebc = torchrec.EmbeddingBagCollection(tables=[torchrec.EmbeddingBagConfig(
+        name="t", embedding_dim=128, num_embeddings=1024, feature_names=["f"], data_type=data_type)])
+    apply_optimizer_in_backward(optimizer, ebc.parameters(), {"lr": 0.01})
+    constraints = {"t": ParameterConstraints(
+        sharding_types=["table_wise"], compute_kernels=["key_value"], cache_params=CacheParams(load_factor=0.1),
+        key_value_params=KeyValueParams(l2_cache_size=1e-6, ssd_storage_directory=directory))}
+    sharders = get_default_hybrid_sharders()
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=1, compute_device="cpu"),
+                                    constraints=constraints).plan(ebc, sharders)
+    dmp = DistributedModelParallel(ebc, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                   device=torch.device("cpu"), plan=plan, sharders=sharders)
+    kernel = next(iter(sharded_kernels(dmp)))
+    pool = kernel.pool
+    weights = pool._tbe.weights(0)
+    states = sum(s.element_size() * s[0].numel() for s in pool._tbe.states(0))
+    store = kernel.row_tier.stores[0]
+    assert store.spill is not None
+    return {"device": weights.element_size() * weights.shape[1] + states, "host": store.row_bytes,
+            "disk": store.spill.width * store.spill.dtype.itemsize}
+
+
+@pytest.mark.usefixtures("one_rank_group")
+@pytest.mark.parametrize("optimizer, fp32, bf16", [(torchrec.optim.RowWiseAdagrad, 516, 260),
+                                                   (torch.optim.Adam, 1536, 1280)], ids=["rowwise_adagrad", "adam"])
+def test_a_bf16_row_takes_half_the_weight_bytes_on_every_tier(optimizer: type, fp32: int, bf16: int) -> None:
+    """Dim 128: weights 512 B in FP32, 256 B in BF16; the FP32 state (4 B row-wise, 1024 B Adam) is unchanged."""
+    with tempfile.TemporaryDirectory() as directory:
+        assert key_value_bytes_per_row(DataType.FP32, optimizer, directory) == dict.fromkeys(
+            ("device", "host", "disk"), fp32)
+        assert key_value_bytes_per_row(DataType.BF16, optimizer, directory) == dict.fromkeys(
+            ("device", "host", "disk"), bf16)

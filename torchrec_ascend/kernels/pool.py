@@ -1,15 +1,17 @@
 """A hash kernel's pool: each table's rows on the kernel's device, the TBE's weights and optimizer states.
 
 The pool writes and reads rows for the other parts: initial rows for IDs new to the pool, the reserved default row
-(what rejected and unknown IDs read), and rows packed with their optimizer state (``[n, row_width]``: weights, then
-each state) for the row tiers and checkpoints. Every copy of rows and slots between the host and the pool's device
-is made here, through :mod:`torchrec_ascend.kernels.transfers`; the batch's IDs and rows are the ID mapper's.
+(what rejected and unknown IDs read), and rows packed with their optimizer state (float32 ``[n, row_width]``:
+weights, then each state) for checkpoints, stored by the row tiers in their :class:`RowCodec`'s encoding (16-bit
+weights stay 16-bit). Every copy of rows and slots between the host and the pool's device is made here, through
+:mod:`torchrec_ascend.kernels.transfers`; the batch's IDs and rows are the ID mapper's.
 
 Example::
 
     pool = Pool(TBE(kernel), config.embedding_tables, specs, [t.default_slot for t in slot_tables])
     packed = pool.pack(0, torch.tensor([3, 5]))       # on the host
     pool.unpack(0, torch.tensor([3, 5]), packed)      # no change
+    stored = pool.pack_stored(0, torch.tensor([3]))   # what a row tier keeps: pool.codec(0).decode(stored) is packed
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torchrec_ascend.hash.slot_table import Assignment
 from torchrec_ascend.kernels.transfers import to_device, to_host
 from torchrec_ascend.native import ops
 
-PACKED_ELEMENT_BYTES = 4  # packed rows are float32 whatever the table's dtype (FP16 rows travel exactly)
+PACKED_ELEMENT_BYTES = 4  # packed rows are float32 whatever the table's dtype (16-bit rows travel exactly)
 SLOT_BYTES = 8  # a slot (pool row index) on the device: int64
 
 
@@ -40,6 +42,48 @@ def swap_bytes(rows: int, row_width: int) -> int:
         swap_bytes(16, 16)   # 16 x 8 + 2 x 16 x 16 x 4 = 2176: 16 rows of dim 8 with Adagrad's state
     """
     return rows * SLOT_BYTES + 2 * rows * row_width * PACKED_ELEMENT_BYTES
+
+
+class RowCodec:
+    """How a row tier stores a table's packed rows (float32 ``[n, cols + state elements]``): as they are for FP32
+    weights; for 16-bit weights (FP16, BF16), as int16 ``[n, cols + 2 * state elements]`` holding the weights' own
+    bits, then each FP32 state's bits, so a row costs its weight precision's bytes on every tier (the Saver's files
+    and the stock state_dict keep float32 records).
+
+    Args:
+        cols: the row's weight columns.
+        state_elements: the row's optimizer state elements (FP32).
+        weight_dtype: the weights' dtype.
+
+    Example::
+
+        codec = RowCodec(cols=4, state_elements=1, weight_dtype=torch.bfloat16)
+        codec.width, codec.dtype                 # 6, torch.int16
+        codec.decode(codec.encode(packed))       # packed, when its weights are BF16 values
+    """
+
+    def __init__(self, cols: int, state_elements: int, weight_dtype: torch.dtype) -> None:
+        self.cols = cols
+        self.weight_dtype = weight_dtype
+        self.compact = weight_dtype.itemsize == 2
+        self.dtype = torch.int16 if self.compact else torch.float32
+        self.width = cols + (2 if self.compact else 1) * state_elements
+
+    def encode(self, packed: torch.Tensor) -> torch.Tensor:
+        """Packed rows (float32) in the stored encoding."""
+        if not self.compact:
+            return packed
+        weights = packed[:, :self.cols].to(self.weight_dtype).view(torch.int16)
+        return torch.cat([weights, packed[:, self.cols:].contiguous().view(torch.int16)], dim=1)
+
+    def decode(self, stored: torch.Tensor) -> torch.Tensor:
+        """Stored rows as packed rows (float32)."""
+        if not self.compact:
+            return stored
+        weights = stored[:, :self.cols].contiguous().view(self.weight_dtype).float()
+        states = torch.empty(stored.shape[0], (self.width - self.cols) // 2, device=stored.device)
+        states.view(torch.int16).copy_(stored[:, self.cols:])  # the bits, whatever the slice's offset and strides
+        return torch.cat([weights, states], dim=1)
 
 
 class Pool:
@@ -77,6 +121,10 @@ class Pool:
     def row_width(self, t: int) -> int:
         """Elements of a packed row of table ``t``: its columns plus every optimizer state's per-row elements."""
         return self.cols(t) + sum(math.prod(shape) for shape in self.state_shapes(t))
+
+    def codec(self, t: int) -> RowCodec:
+        """How the row tiers store table ``t``'s packed rows."""
+        return RowCodec(self.cols(t), self.row_width(t) - self.cols(t), self._tbe.weights(t).dtype)
 
     @property
     def optimizer_name(self) -> str:
@@ -127,6 +175,24 @@ class Pool:
         parts = [weights[slots].float()]  # FP16 tables' rows travel as float32 (exactly)
         parts += [s[slots].view(slots.numel(), math.prod(s.shape[1:])).float() for s in self._tbe.states(t)]
         return to_host(torch.cat(parts, dim=1))
+
+    def pack_stored(self, t: int, slots: torch.Tensor) -> torch.Tensor:
+        """Pool rows ``slots`` of table ``t`` on the host in :meth:`codec`'s encoding (encoded on the pool's device,
+        then one device-to-host copy of the encoded bytes)."""
+        codec = self.codec(t)
+        if not codec.compact:
+            return self.pack(t, slots)
+        weights = self._tbe.weights(t)
+        slots = to_device(slots, weights.device)
+        parts = [weights[slots].view(torch.int16)]
+        parts += [s[slots].view(slots.numel(), -1).float().contiguous().view(torch.int16) for s in self._tbe.states(t)]
+        return to_host(torch.cat(parts, dim=1))
+
+    def unpack_stored(self, t: int, slots: torch.Tensor, stored: torch.Tensor) -> None:
+        """Write rows ``stored`` in :meth:`codec`'s encoding (see :meth:`pack_stored`) to pool rows ``slots`` of table
+        ``t`` (one host-to-device copy of the encoded bytes, decoded on the pool's device)."""
+        device = self._tbe.weights(t).device
+        self.unpack(t, slots, self.codec(t).decode(to_device(stored, device)))
 
     def unpack(self, t: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write packed ``rows`` (``[n, row_width]``, see :meth:`pack`) to pool rows ``slots`` of table ``t``."""

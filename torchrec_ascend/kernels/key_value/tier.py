@@ -1,9 +1,10 @@
 """The KEY_VALUE row tier: rows leaving the device cache go to a host store that spills to a disk store.
 
-Rows leave the cache (the kernel's pool) packed with their optimizer state (:meth:`Pool.pack`) and come
-back unchanged; an ID never seen is initialised as a function of (seed, ID, column) with zero optimizer state (plain
-tables: keyed by row within the shard, initialised from the global row). See
-:mod:`torchrec_ascend.kernels.row_tier` for the protocol.
+Rows leave the cache (the kernel's pool) packed with their optimizer state in the pool's :class:`RowCodec`
+encoding (:meth:`Pool.pack_stored`: 16-bit weights stay 16-bit) and come back unchanged; to checkpoints the tier
+speaks packed float32 rows (:meth:`Pool.pack`'s layout). An ID never seen is initialised as a function of (seed, ID,
+column) with zero optimizer state (plain tables: keyed by row within the shard, initialised from the global row).
+See :mod:`torchrec_ascend.kernels.row_tier` for the protocol.
 
 Example::
 
@@ -59,12 +60,12 @@ class HostDiskTier:
         directory = params.get("ssd_storage_directory")
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.stores: List[HostStore] = []
-        for t, table in enumerate(tables):
-            width = pool.row_width(t)
-            disk = DiskStore(os.path.join(directory, f"rank{rank}"), width, name=table.name,
+        self._codecs = [pool.codec(t) for t in range(len(tables))]
+        for table, codec in zip(tables, self._codecs):
+            disk = DiskStore(os.path.join(directory, f"rank{rank}"), codec.width, codec.dtype, name=table.name,
                              compact_fraction=DISK_COMPACT_FRACTION) if directory else None
             budget = int(budget_gb * 1024**3) if budget_gb is not None else 1 << 62
-            self.stores.append(HostStore(width, torch.float32, budget_bytes=budget, spill=disk, name=table.name))
+            self.stores.append(HostStore(codec.width, codec.dtype, budget_bytes=budget, spill=disk, name=table.name))
         self.swaps: List[Dict[str, int]] = [
             dict.fromkeys(("swapped_in", "swapped_out", "initialised"), 0) for _ in tables
         ]
@@ -83,25 +84,27 @@ class HostDiskTier:
             keys = assignment.new_ids[fresh]
             if not self.is_hash[t]:
                 keys = keys + self.key_offsets[t]  # plain tables: initialised from the global row
-            rows[fresh] = 0.0
-            rows[fresh, : self._pool.cols(t)] = self._pool.initial_rows(t, keys)
-        self._pool.unpack(t, assignment.new_slots, rows)
+            initial = torch.zeros(keys.numel(), self._pool.row_width(t))
+            initial[:, : self._pool.cols(t)] = self._pool.initial_rows(t, keys)
+            rows[fresh] = self._codecs[t].encode(initial)
+        self._pool.unpack_stored(t, assignment.new_slots, rows)
         self.swaps[t]["swapped_in"] += int(found.sum())
         self.swaps[t]["initialised"] += int(fresh.sum())
 
     def left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
         # Every cached row was trained (eval lookups do not insert), so every evicted row is written back.
-        self.stores[t].put(ids, self._pool.pack(t, slots))
+        self.stores[t].put(ids, self._pool.pack_stored(t, slots))
         self.swaps[t]["swapped_out"] += ids.numel()
 
     def stored(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        return self.stores[t].chunks()
+        return ((keys, self._codecs[t].decode(rows)) for keys, rows in self.stores[t].chunks())
 
     def read(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         store = self.stores[t]
         promote, store.promote = store.promote, False  # a checkpoint read must not move rows between tiers
         try:
-            return store.get(keys)
+            rows, found = store.get(keys)
+            return self._codecs[t].decode(rows), found
         finally:
             store.promote = promote
 
@@ -110,7 +113,7 @@ class HostDiskTier:
 
     def restore(self, t: int, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]) -> None:
         self.stores[t].clear()
-        self.stores[t].load(chunks)
+        self.stores[t].load((keys, self._codecs[t].encode(rows)) for keys, rows in chunks)
         self.swaps[t] = {**dict.fromkeys(self.swaps[t], 0), **state.get("swaps", {})}
 
     def close(self) -> None:
