@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 from torch import nn
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import CacheParams, KeyValueParams, ModuleSharder, ShardingType
-from torchrec.modules.embedding_configs import EmbeddingConfig
+from torchrec.modules.embedding_configs import DataType, EmbeddingConfig
 
 from torchrec_ascend import HashEmbeddingConfig, get_default_hybrid_sharders
 from torchrec_ascend.kernels.key_value import cache_metrics
@@ -38,12 +38,13 @@ EVICTION_POLICY = "decayed_lfu"
 EVICTION_OPTIONS = {"half_life": 50}  # steps; an epoch is 19 steps with the defaults
 
 
-def item_tables(num_items: int, dim: int) -> List[EmbeddingConfig]:
+def item_tables(num_items: int, dim: int, data_type: DataType = DataType.FP32) -> List[EmbeddingConfig]:
     """The embedding tables of the model: one hash table of raw item IDs, read by both features.
 
     Args:
         num_items: distinct items in the data (the capacity is ``CAPACITY_HEADROOM`` times that).
         dim: embedding width.
+        data_type: the weights' precision (the optimizer state stays FP32).
 
     Example::
 
@@ -57,6 +58,7 @@ def item_tables(num_items: int, dim: int) -> List[EmbeddingConfig]:
             feature_names=[HISTORY, CANDIDATES],
             eviction_policy=EVICTION_POLICY,
             eviction_options=dict(EVICTION_OPTIONS),
+            data_type=data_type,
         )
     ]
 

@@ -45,7 +45,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 from torchrec.distributed.types import ShardingPlan
-from torchrec.modules.embedding_configs import EmbeddingConfig
+from torchrec.modules.embedding_configs import DataType, EmbeddingConfig
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
@@ -91,6 +91,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--sparse-lr", type=float, default=0.05)
     parser.add_argument("--pipe-n-batch", type=int, default=3, help="batches in flight in the training pipeline")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-type", choices=["fp32", "fp16", "bf16"], default="fp32",
+                        help="the item table's weight precision (its optimizer state stays FP32)")
     parser.add_argument("--save-every", type=int, default=100,
                         help="steps between checkpoints (0: only at the end and on SIGTERM)")
     return parser.parse_args(argv)
@@ -272,7 +274,7 @@ def run(args: argparse.Namespace, stop: StopRequest, doing: List[str]) -> int:
     windows = training_windows(split, args.max_seq_len)
     loader = TrainBatches(windows, catalogue, args.batch_size, args.negatives, rank, world, args.seed)
 
-    tables = item_tables(num_items=catalogue.numel(), dim=args.dim)
+    tables = item_tables(num_items=catalogue.numel(), dim=args.dim, data_type=DataType[args.data_type.upper()])
     dmp, dense_optimizer, plan = shard_model(args, tables, world_size=world, device=device)
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense_optimizer])
     pipeline = HybridTrainPipelineSparseDist(dmp, optimizer, device, pipe_n_batch=args.pipe_n_batch)

@@ -121,6 +121,8 @@ stock state_dict round trips):
 * ``tiers_unread_in_eval``: an evaluation batch larger than the KEY_VALUE cache finds no row in host memory or on
   disk (they read the not-admitted vector).
 * ``fp16_rows_rounded``: an FP16 KEY_VALUE table's rows are rounded to BF16 on their way out of the cache.
+* ``bf16_noise_by_slot``: a BF16 table's stochastic rounding draws its noise by the row's slot, not by the row's
+  first place in the batch (so a KEY_VALUE cache rounds otherwise than FUSED).
 
 Faults of the injection hooks stock modules run through (full-run cases of the sharding check). A hook's wrapper is
 installed once, at import, but calls the hook module's own functions by name at each call, so replacing one of those
@@ -880,6 +882,17 @@ def _tiers_unread_in_eval_patch() -> None:
     _replace(HostDiskTier, "read", read)
 
 
+def _bf16_noise_by_slot_patch() -> None:
+    from torchrec_ascend.kernels.fused_optimizers import _FusedLookup
+
+    original = _FusedLookup._write_weights
+
+    def write_weights(self: Any, w_pos: Any, values: Any, leader: Any) -> None:
+        original(self, w_pos, values, w_pos[:, 0])  # the noise follows the slot
+
+    _replace(_FusedLookup, "_write_weights", write_weights)
+
+
 def _fp16_rows_rounded_patch() -> None:
     from torchrec_ascend.kernels.pool import Pool
 
@@ -985,6 +998,7 @@ FAULTS = {
     "adam_step_off_by_one": _after_import("torchrec_ascend.kernels.fused_optimizers", _adam_step_off_by_one_patch),
     "tiers_unread_in_eval": _after_import("torchrec_ascend.kernels.key_value.tier", _tiers_unread_in_eval_patch),
     "fp16_rows_rounded": _after_import("torchrec_ascend.kernels.pool", _fp16_rows_rounded_patch),
+    "bf16_noise_by_slot": _after_import("torchrec_ascend.kernels.fused_optimizers", _bf16_noise_by_slot_patch),
     "copy_deep_copies_groups": _after_import("torchrec_ascend.hooks.process_group", _copy_deep_copies_groups_patch),
     "uneven_gradient_reversed": _after_import("torchrec_ascend.hooks.uneven_collectives",
                                               _uneven_gradient_reversed_patch),

@@ -457,9 +457,10 @@ FULL_RUN_FAULTS: Faults = {
         "must be refused saying"),
     # Fused ADAM against torch.optim.Adam (bias correction by the step count).
     "adam_step_off_by_one": ("hash_tables", {"test_case[ebc-row_wise-adam]"}, "oracle"),
-    # KEY_VALUE: evaluation reads every tier; FP16 rows travel through the tiers exactly.
+    # KEY_VALUE: evaluation reads every tier; 16-bit rows travel through the tiers exactly, BF16 rounds as FUSED.
     "tiers_unread_in_eval": ("key_value", {"test_case[ebc-row_wise-rowwise_adagrad-30-64-8-eval]"}, "not bit for bit"),
     "fp16_rows_rounded": ("key_value", {"test_case[ebc-row_wise-rowwise_adagrad-30-64-8-fp16]"}, "not bit for bit"),
+    "bf16_noise_by_slot": ("key_value", {"test_case[ebc-row_wise-rowwise_adagrad-30-64-8-bf16]"}, "not bit for bit"),
     # Stock modules through our injection hooks: DMP.copy(), the backward of per-rank batch sizes that differ (an
     # empty batch, VBE), PrefetchTrainPipelineSparseDist's prefetch step without streams.
     "copy_deep_copies_groups": ("sharding", {"test_case[copy]"}, "cannot pickle"),
