@@ -31,6 +31,7 @@ from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.types import DataType
 
+from tbe_batches import oracle_lookup, random_batch
 from torchrec_ascend import get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.stock.sharding_matrix import TouchedRowsAdam
 from torchrec_ascend.kernels.fused_optimizers import install_on_tbe, rounding_noise, stochastic_bf16
@@ -56,18 +57,6 @@ def bf16_tbe(specs: List[Any], features: List[int], name: str, pooling: PoolingM
     module = make_tbe(specs, features, name, pooling, SparseType.BF16, **kwargs)
     install_on_tbe(module, name)
     return module
-
-
-def lookup(weights: List[torch.Tensor], features: List[int], ids: List[torch.Tensor], lengths: List[torch.Tensor],
-           psw: List[Any], pooling: PoolingMode) -> torch.Tensor:
-    """What the TBE returns, from torch's own embedding ops."""
-    if pooling == PoolingMode.NONE:
-        return torch.cat([torch.nn.functional.embedding(i, weights[t]) for t, i in zip(features, ids)])
-    mode = "mean" if pooling == PoolingMode.MEAN else "sum"
-    return torch.cat([
-        torch.nn.functional.embedding_bag(i, weights[t], torch.cumsum(n, 0) - n, mode=mode, per_sample_weights=w)
-        for t, i, n, w in zip(features, ids, lengths, psw)
-    ], dim=1)
 
 
 def ulps(ours: torch.Tensor, expected: torch.Tensor) -> float:
@@ -103,18 +92,13 @@ def test_bf16_tables_train_as_the_fp32_oracle_rounded_to_bf16(name: str, pooling
         oracle = TouchedRowsAdam(reference, lr=LR, eps=EPS, betas=BETAS, weight_decay=DECAY,
                                  rowwise=name == "PARTIAL_ROWWISE_ADAM")
     for _ in range(4):
-        lengths = [torch.randint(0, 4, (batch,), generator=gen) for _ in features]
-        ids = [torch.randint(0, specs[t][0] // 2 + 1, (int(n.sum()),), generator=gen)
-               for t, n in zip(features, lengths)]
-        psw = [torch.rand(i.numel(), generator=gen) for i in ids]
-        indices, all_lengths = torch.cat(ids), torch.cat(lengths)
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(all_lengths, 0)])
-        out = module(indices, offsets, torch.cat(psw) if weighted else None)
+        steps = random_batch(gen, specs, features, batch)
+        out = module(steps.indices, steps.offsets, steps.per_sample_weights(weighted))
         assert out.dtype == torch.float32  # fbgemm's default output_dtype, as TorchRec gives it
         if name in FBGEMM_CPU:
-            expected = oracle_tbe(indices, offsets, torch.cat(psw) if weighted else None)
+            expected = oracle_tbe(steps.indices, steps.offsets, steps.per_sample_weights(weighted))
         else:
-            expected = lookup(reference, features, ids, lengths, psw if weighted else [None] * 3, pooling)
+            expected = oracle_lookup(reference, features, steps, weighted, pooling)
         torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
         upstream = torch.randn(out.shape, generator=gen)
         (out * upstream).sum().backward()

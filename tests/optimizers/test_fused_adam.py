@@ -31,6 +31,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 from torchrec.distributed.types import ShardingEnv
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from tbe_batches import oracle_lookup, random_batch
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.conformance_tests.launch import run_distributed
 from torchrec_ascend.conformance_tests.plugin import hash_tables, key_value
@@ -50,19 +51,6 @@ def tbe(specs: List[Any], features: List[int], name: str, pooling: PoolingMode) 
         weight_decay=DECAY, pooling_mode=pooling, device="cpu")
     install_on_tbe(module, name)
     return module
-
-
-def oracle_lookup(weights: List[torch.Tensor], features: List[int], ids: List[torch.Tensor],
-                  lengths: List[torch.Tensor], psw: List[torch.Tensor], pooling: PoolingMode) -> torch.Tensor:
-    """What the TBE returns, from torch's own embedding ops."""
-    if pooling == PoolingMode.NONE:
-        return torch.cat([torch.nn.functional.embedding(i, weights[t]) for t, i in zip(features, ids)])
-    mode = "mean" if pooling == PoolingMode.MEAN else "sum"
-    return torch.cat([
-        torch.nn.functional.embedding_bag(
-            i, weights[t], torch.cumsum(n, 0) - n, mode=mode, per_sample_weights=w if mode == "sum" else None)
-        for t, i, n, w in zip(features, ids, lengths, psw)
-    ], dim=1)
 
 
 @settings(deadline=None, max_examples=25)
@@ -85,15 +73,9 @@ def test_tbe_trains_as_torch_adamw_on_the_touched_rows(name: str, pooling: Pooli
     oracle = TouchedRowsAdam(reference, lr=LR, eps=EPS, betas=BETAS, weight_decay=DECAY,
                              rowwise=name == "PARTIAL_ROWWISE_ADAM")
     for _ in range(4):
-        lengths = [torch.randint(0, 4, (batch,), generator=gen) for _ in features]
-        # IDs from the lower part of each table: repeats within a step, rows untouched in some steps
-        ids = [torch.randint(0, specs[t][0] // 2 + 1, (int(n.sum()),), generator=gen)
-               for t, n in zip(features, lengths)]
-        psw = [torch.rand(i.numel(), generator=gen) for i in ids]
-        indices, all_lengths = torch.cat(ids), torch.cat(lengths)
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(all_lengths, 0)])
-        out = module(indices, offsets, torch.cat(psw) if weighted else None)
-        expected = oracle_lookup(reference, features, ids, lengths, psw if weighted else [None] * 3, pooling)
+        steps = random_batch(gen, specs, features, batch)
+        out = module(steps.indices, steps.offsets, steps.per_sample_weights(weighted))
+        expected = oracle_lookup(reference, features, steps, weighted, pooling)
         torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
         upstream = torch.randn(out.shape, generator=gen)
         (out * upstream).sum().backward()

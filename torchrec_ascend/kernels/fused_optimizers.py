@@ -293,10 +293,13 @@ class _FusedLookup:
                 batch_size_per_feature_per_rank: Optional[List[List[int]]] = None, **kwargs: Any) -> torch.Tensor:
         """The lookup (no autograd); in training, the optimizer in its backward (an Adam at ``iter + 1``)."""
         emb = self._emb
-        saved = _Saved(indices.long(), offsets.long(), per_sample_weights, None, batch_size_per_feature_per_rank)
+        training = torch.is_grad_enabled() and emb.training
+        # What our lookup and the backward read (no copy of the indices when fbgemm looks up outside training).
+        saved = _Saved(indices.long(), offsets.long(), per_sample_weights, None, batch_size_per_feature_per_rank
+                       ) if training or self._own_forward else None
 
         def run() -> torch.Tensor:
-            if self._own_forward:
+            if saved is not None and self._own_forward:
                 with torch.no_grad():
                     return self._lookup(saved)
             emb.optimizer = self._carrier
@@ -308,7 +311,7 @@ class _FusedLookup:
             finally:
                 emb.optimizer = self._trained_with
 
-        if not (torch.is_grad_enabled() and emb.training):
+        if not training or saved is None:
             return run()
         if self._stateful_step:
             emb.iter.add_(1)  # as fbgemm's forward does for its Adam (the device copy is the one checkpoints save)
