@@ -32,6 +32,9 @@ std::tuple<at::Tensor, at::Tensor, std::optional<at::Tensor>, at::Tensor> hash_b
     const at::Tensor& lengths, const at::Tensor& values, const std::optional<at::Tensor>& weights, int64_t world_size);
 at::Tensor hash_uniform_init_cpu(const at::Tensor& ids, int64_t seed, int64_t dim, double low, double high);
 
+// ---- eviction policies (cpu/select_lowest.cpp)
+at::Tensor select_lowest_cpu(const at::Tensor& scores, const at::Tensor& candidates, int64_t num);
+
 // ---- KEY_VALUE key indexes (cpu/key_index.cpp, cpu/open_table.h): partitioned open-addressing buckets owned by
 // torchrec_ascend/kernels/key_value/key_index.py. The insert ops return an int64 scalar: -1, or the partition that would
 // outgrow its reserved buckets, or (key_index_insert) -2 - i where key i is present or repeats (nothing indexed).

@@ -42,4 +42,7 @@ TORCH_LIBRARY(torchrec_ascend, m) {
       "hash_bucketize(Tensor lengths, Tensor values, Tensor? weights, int world_size)"
       " -> (Tensor new_lengths, Tensor new_values, Tensor? new_weights, Tensor unbucketize_permute)");
   m.def("hash_uniform_init(Tensor ids, int seed, int dim, float low, float high) -> Tensor");
+  // Eviction policies: positions of the `num` candidates with the lowest scores (int64 or float64), ties to the
+  // lowest positions.
+  m.def("select_lowest(Tensor scores, Tensor candidates, int num) -> Tensor");
 }

@@ -43,6 +43,7 @@ SCHEMAS = {
     "int world_size) -> (Tensor new_lengths, Tensor new_values, Tensor? new_weights, Tensor unbucketize_permute)",
     "hash_uniform_init": "torchrec_ascend::hash_uniform_init(Tensor ids, int seed, int dim, float low, float high) "
     "-> Tensor",
+    "select_lowest": "torchrec_ascend::select_lowest(Tensor scores, Tensor candidates, int num) -> Tensor",
 }
 
 
@@ -115,6 +116,8 @@ def opcheck_cases(records_fd):
         "hash_rank": (ids, 3),
         "hash_bucketize": (lengths, ids, torch.rand(5), 3),
         "hash_uniform_init": (ids, 7, 4, -1.0, 1.0),
+        "select_lowest": (torch.tensor([3.0, -1.0, 2.0, 0.5], dtype=torch.float64),
+                          torch.tensor([True, True, False, True]), 2),
     }
 
 

@@ -6,12 +6,15 @@ import re
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spec_plugin import SpecPlugin
 from torchrec_ascend.errors import CapacityError, ConfigError, PluginError
 from torchrec_ascend.policies.base import PolicySpec
 from torchrec_ascend.policies.builtin.recency import LRU
 from torchrec_ascend.policies.registry import create_admission_policy, create_eviction_policy
+from torchrec_ascend.policies.validation import victims_ok, victims_problem
 
 ALL = torch.ones(4, dtype=torch.bool)
 
@@ -26,7 +29,8 @@ def _filled(name):
     "name, evictable, problem",
     [
         ("broken_duplicates", ALL, r"returned slots \[\d\] more than once"),
-        ("broken_evictable", torch.tensor([True, True, False, False]), "not evictable"),
+        # every slot ties (all inserted at step 0) and ties go to the lowest slots: the two not evictable
+        ("broken_evictable", torch.tensor([False, False, True, True]), "not evictable"),
     ],
 )
 def test_malformed_victims_name_plugin_method_and_version(broken_plugin, name, evictable, problem):
@@ -39,6 +43,31 @@ def test_malformed_victims_name_plugin_method_and_version(broken_plugin, name, e
     assert "select_victims(num=2)" in message and "(registered in-process" in message
     assert re.search(problem, message)
     assert torch.equal(policy.resident, before)  # nothing changed on the owner's side
+
+
+@st.composite
+def answers(draw: st.DrawFn) -> tuple:
+    """A pool's residency and evictable masks, a victim count and an answer, well formed or not in any way."""
+    capacity = draw(st.integers(1, 12))
+    masks = st.lists(st.booleans(), min_size=capacity, max_size=capacity)
+    resident, evictable = torch.tensor(draw(masks)), torch.tensor(draw(masks))
+    allowed = (resident & evictable).nonzero().squeeze(1).tolist()
+    well_formed = st.permutations(allowed).flatmap(lambda order: st.integers(0, len(order)).map(lambda k: order[:k]))
+    anything = st.lists(st.integers(-2, capacity + 1), max_size=capacity + 2)
+    victims = torch.tensor(draw(st.one_of(well_formed, anything)), dtype=torch.int64)
+    victims = draw(st.sampled_from([victims, victims.to(torch.int32), victims.reshape(1, -1)]))
+    num = draw(st.one_of(st.just(victims.numel()), st.integers(0, capacity)))
+    return capacity, resident, evictable, num, victims
+
+
+@settings(max_examples=400, deadline=None)
+@given(answers())
+def test_the_fast_victims_check_agrees_with_the_one_that_explains(answer):
+    """victims_ok (every eviction) accepts exactly what victims_problem (which names the fault) finds no fault in."""
+    capacity, resident, evictable, num, victims = answer
+    allowed = resident & evictable
+    ok = victims_ok(victims, num, capacity, allowed, int(allowed.sum()))
+    assert ok == (victims_problem(victims, num, capacity, resident, evictable) is None)
 
 
 def test_exceptions_are_wrapped_with_plugin_and_method(broken_plugin):

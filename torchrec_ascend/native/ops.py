@@ -52,6 +52,7 @@ __all__ = [
     "key_index_lookup",
     "key_index_remove",
     "read_records",
+    "select_lowest",
 ]
 
 _ops = torch.ops.torchrec_ascend
@@ -410,6 +411,32 @@ def fingerprint_insert(
     )
 
 
+def select_lowest(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> torch.Tensor:
+    """Positions of the ``num`` candidates with the lowest scores (every candidate if fewer), by radix selection.
+
+    Ties go to the lowest positions; NaN scores rank above every other score and -0.0 equals 0.0 (``torch.sort``'s
+    order), so the result is the first ``num`` candidates of a stable sort by score, as a set.
+
+    Args:
+        scores (Tensor): int64 or float64 ``[n]`` (widen other dtypes first: it is exact).
+        candidates (Tensor): bool ``[n]``, the positions that may be chosen.
+        num (int): how many to choose, >= 0.
+
+    Returns:
+        Tensor: int64 ``[min(num, candidates.sum())]`` distinct candidate positions, in no particular order.
+
+    Raises:
+        ValueError: shapes differ or are not 1-D, or ``num < 0``.
+        TypeError: ``scores`` is not int64 or float64, or ``candidates`` is not bool.
+
+    Example::
+
+        >>> select_lowest(torch.tensor([3, 1, 2]), torch.tensor([True, False, True]), 1)
+        tensor([2])
+    """
+    return _ops.select_lowest(scores, candidates, num)
+
+
 def read_records(fds: torch.Tensor, offsets: torch.Tensor, record_bytes: int, out: torch.Tensor) -> torch.Tensor:
     """Copy record ``i`` (``record_bytes`` bytes at ``offsets[i] * record_bytes`` of the open file descriptor
     ``fds[i]``) into row ``i`` of ``out``, announcing every record to the kernel first so that their disk reads run
@@ -535,6 +562,11 @@ def _fingerprint_find_fake(
     fingerprint_bits: int,
 ) -> torch.Tensor:
     return torch.empty_like(part)
+
+
+@torch.library.register_fake("torchrec_ascend::select_lowest")
+def _select_lowest_fake(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> torch.Tensor:
+    return scores.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)
 
 
 @torch.library.register_fake("torchrec_ascend::read_records")

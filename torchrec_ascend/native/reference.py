@@ -31,6 +31,7 @@ __all__ = [
     "hash_uniform_init",
     "hash_unique",
     "mix64",
+    "select_lowest",
 ]
 
 
@@ -191,6 +192,28 @@ def hash_uniform_init(ids: torch.Tensor, seed: int, dim: int, low: float, high: 
             row.append(_float32_below(r) if r >= high else r)
         rows.append(row)
     return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), dim)
+
+
+def select_lowest(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> torch.Tensor:
+    """Reference of :func:`torchrec_ascend.native.ops.select_lowest`: the first ``num`` candidates sorted by
+    (score, position), NaN last and -0.0 equal to 0.0 (Python's ``sorted`` on plain numbers).
+
+    Args:
+        scores (Tensor): int64 or float64 ``[n]``.
+        candidates (Tensor): bool ``[n]``.
+        num (int): >= 0.
+
+    Returns:
+        Tensor: int64 ``[min(num, candidates.sum())]``, sorted by (score, position).
+
+    Example::
+
+        select_lowest(torch.tensor([3, 1, 2]), torch.tensor([True, False, True]), 1)  # tensor([2])
+    """
+    values = scores.tolist()
+    positions = [i for i, flag in enumerate(candidates.tolist()) if flag]
+    ranked = sorted(positions, key=lambda i: (values[i] != values[i], values[i] if values[i] == values[i] else 0, i))
+    return torch.tensor(ranked[:num], dtype=torch.int64)
 
 
 class IdMapReference:

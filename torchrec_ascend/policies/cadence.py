@@ -70,12 +70,12 @@ class EvictionCadence:
 
     def on_insert(self, slots: torch.Tensor, step: int) -> None:
         """``slots`` became resident at ``step`` (starts their protection)."""
-        self.inserted_step[slots] = step
-        self.resident[slots] = True
+        self.inserted_step.index_fill_(0, slots, step)
+        self.resident.index_fill_(0, slots, True)
 
     def on_remove(self, slots: torch.Tensor) -> None:
         """``slots`` stopped being resident."""
-        self.resident[slots] = False
+        self.resident.index_fill_(0, slots, False)
 
     def num_to_evict(self, num_free: int, num_needed: int, num_evictable: int, step: int) -> int:
         """How many slots to evict now so that ``num_needed`` new rows fit.

@@ -21,7 +21,13 @@ import torch
 from torchrec_ascend.errors import CapacityError, ConfigError, PluginError
 from torchrec_ascend.plugin_manager import PluginInfo, wrap_plugin_call
 from torchrec_ascend.policies.base import AdmissionPolicy, EvictionPolicy
-from torchrec_ascend.policies.validation import admission_problem, slots_problem, state_problem, victims_problem
+from torchrec_ascend.policies.validation import (
+    admission_problem,
+    slots_problem,
+    state_problem,
+    victims_ok,
+    victims_problem,
+)
 
 _POLICY_PREFIX = "policy."
 
@@ -123,7 +129,8 @@ class CheckedEvictionPolicy(_Checked, EvictionPolicy):
         self.resident.index_fill_(0, slots, False)
 
     def select_victims(self, num: int, evictable: torch.Tensor, step: int) -> torch.Tensor:
-        available = int((self.resident & evictable).sum())
+        allowed = self.resident & evictable
+        available = int(allowed.sum())
         if num > available:
             raise CapacityError(
                 f"cannot evict {num} slots with eviction policy {self.policy_name!r}: only {available} of "
@@ -131,9 +138,9 @@ class CheckedEvictionPolicy(_Checked, EvictionPolicy):
                 f"fit: raise the cache capacity or lower the batch size or pipeline depth."
             )
         victims = self._calls["select_victims"](num, evictable, step)
-        problem = victims_problem(victims, num, self.capacity, self.resident, evictable)
-        if problem:
-            raise self._malformed(f"select_victims(num={num})", problem)
+        if not victims_ok(victims, num, self.capacity, allowed, available):
+            problem = victims_problem(victims, num, self.capacity, self.resident, evictable)
+            raise self._malformed(f"select_victims(num={num})", str(problem))
         return victims
 
     def expired(self, step: int) -> torch.Tensor:

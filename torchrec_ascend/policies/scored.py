@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.native import ops
 from torchrec_ascend.policies.base import EvictionPolicy
 from torchrec_ascend.policies.options import load_tensors, positive_int
 
@@ -26,13 +27,13 @@ def lowest(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> torch.Te
     """Return the ``num`` candidate slots with the lowest scores.
 
     Args:
-        scores (torch.Tensor): ``[capacity]`` scores (any real dtype).
+        scores (torch.Tensor): ``[capacity]`` scores (any real dtype) on the CPU.
         candidates (torch.Tensor): ``[capacity]`` bool mask of the slots that may be chosen.
         num (int): how many to choose; at most ``candidates.sum()``.
 
     Returns:
         torch.Tensor: int64 ``[num]`` distinct slots, all candidates; no candidate left out scores lower than
-        any chosen one (ties are broken by ``topk``, deterministically on CPU).
+        any chosen one (ties go to the lowest slots; NaN scores last).
 
     Example::
 
@@ -40,17 +41,9 @@ def lowest(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> torch.Te
     """
     if num <= 0:
         return torch.empty(0, dtype=torch.int64)
-    if num < int(candidates.sum()):
-        # One topk over every slot, the others scoring the dtype's largest value: a third of the cost of gathering
-        # the candidates first. Only a candidate scoring that value too can let another slot in; then gather.
-        ceiling = float("inf") if scores.is_floating_point() else torch.iinfo(scores.dtype).max
-        chosen = torch.topk(scores.masked_fill(~candidates, ceiling), num, largest=False, sorted=False).indices
-        if bool(candidates[chosen].all()):
-            return chosen
-    slots = candidates.nonzero().squeeze(1)
-    if num >= slots.numel():
-        return slots
-    return slots[torch.topk(scores.index_select(0, slots), num, largest=False, sorted=False).indices]
+    # One native radix selection: a few passes over the slots, where topk compared (value, index) pairs.
+    wide = scores.to(torch.float64 if scores.is_floating_point() else torch.int64)  # exact for every real dtype
+    return ops.select_lowest(wide, candidates, num)
 
 
 def pack(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:

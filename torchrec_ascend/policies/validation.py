@@ -81,6 +81,37 @@ def victims_problem(
     return None
 
 
+def victims_ok(victims: Any, num: int, capacity: int, allowed: torch.Tensor, num_allowed: int) -> bool:
+    """Whether :func:`victims_problem` finds nothing, in a few ops (the checked wrapper asks on every eviction;
+    :func:`victims_problem` then says what is wrong).
+
+    Args:
+        victims: what the policy returned.
+        num (int): how many victims were asked for.
+        capacity (int): number of slots of the pool.
+        allowed (torch.Tensor): ``[capacity]`` bool, resident and evictable.
+        num_allowed (int): how many slots ``allowed`` holds.
+
+    Returns:
+        bool: True iff ``victims`` is an int64 1-D tensor of exactly ``num`` distinct allowed slots.
+
+    Example::
+
+        allowed = resident & evictable
+        assert victims_ok(victims, num, capacity, allowed, int(allowed.sum()))
+    """
+    if not isinstance(victims, torch.Tensor) or victims.dtype != torch.int64 or victims.dim() != 1:
+        return False
+    if victims.numel() != num or not num:
+        return victims.numel() == num
+    low, high = torch.aminmax(victims)
+    if int(low) < 0 or int(high) >= capacity:
+        return False
+    # Clearing the victims from a copy of `allowed` removes exactly one slot per victim iff they are distinct and
+    # all allowed: one scatter and one count instead of a bincount and two gathers.
+    return num_allowed - int(allowed.clone().index_fill_(0, victims, False).sum()) == num
+
+
 def admission_problem(mask: Any, keys: torch.Tensor) -> Optional[str]:
     """Problem with the output of ``admit``: a bool tensor of ``keys``' shape.
 

@@ -11,7 +11,7 @@
 namespace torchrec_ascend {
 
 // How many IDs ahead the batch loops prefetch their home buckets; hides DRAM latency on tables larger than the cache.
-constexpr int64_t kPrefetchDistance = 32;
+constexpr int64_t kPrefetchDistance = 64;
 
 class IdTable {
  public:

@@ -19,4 +19,5 @@ TORCH_LIBRARY_IMPL(torchrec_ascend, CPU, m) {
   m.impl("hash_rank", &torchrec_ascend::hash_rank_cpu);
   m.impl("hash_bucketize", &torchrec_ascend::hash_bucketize_cpu);
   m.impl("hash_uniform_init", &torchrec_ascend::hash_uniform_init_cpu);
+  m.impl("select_lowest", &torchrec_ascend::select_lowest_cpu);
 }

@@ -44,11 +44,11 @@ class LFU(ScoredEvictionPolicy):
         self.remembered = BoundedKeyScores(self.history) if self.history else None
 
     def reset(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
-        self.key[slots] = keys
+        self.key.index_copy_(0, slots, keys.to(torch.int64))
         if self.remembered is None:
-            self.count[slots] = 0
+            self.count.index_fill_(0, slots, 0)
             return
-        self.count[slots] = self.remembered.lookup(keys).to(torch.int64)
+        self.count.index_copy_(0, slots, self.remembered.lookup(keys).to(torch.int64))
         self.remembered.discard(keys)
 
     def record(
@@ -96,15 +96,15 @@ class EpochLFU(EpochScoredPolicy):
         self.epoch_count = torch.zeros(capacity, dtype=torch.int64)
 
     def reset(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
-        self.epoch_count[slots] = 0
-        self.last_epoch[slots] = self.epoch(step)
+        self.last_epoch.index_fill_(0, slots, -1)  # no epoch: record() restarts the count
 
     def record(
         self, slots: torch.Tensor, counts: torch.Tensor, step: int, signals: Optional[Dict[str, torch.Tensor]]
     ) -> None:
         epoch = self.epoch(step)
-        stale = self.last_epoch[slots] != epoch
-        self.epoch_count[slots] = torch.where(stale, 0, self.epoch_count[slots]) + counts
+        stale = self.last_epoch.index_select(0, slots) != epoch
+        counted = self.epoch_count.index_select(0, slots).masked_fill_(stale, 0)  # a new epoch restarts the count
+        self.epoch_count.index_copy_(0, slots, counted.add_(counts))
         self.last_epoch.index_fill_(0, slots, epoch)
 
     def scores(self, step: int) -> torch.Tensor:

@@ -64,12 +64,12 @@ class EpochLRU(EpochScoredPolicy):
         self.inserted_step = torch.zeros(capacity, dtype=torch.int64)
 
     def reset(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
-        self.inserted_step[slots] = step
+        self.inserted_step.index_fill_(0, slots, step)
 
     def record(
         self, slots: torch.Tensor, counts: torch.Tensor, step: int, signals: Optional[Dict[str, torch.Tensor]]
     ) -> None:
-        self.last_epoch[slots] = self.epoch(step)
+        self.last_epoch.index_fill_(0, slots, self.epoch(step))
 
     def scores(self, step: int) -> torch.Tensor:
         return pack(self.last_epoch, self.inserted_step)

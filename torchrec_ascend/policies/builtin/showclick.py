@@ -13,11 +13,12 @@ from torchrec_ascend.policies.scored import ScoredEvictionPolicy, lowest
 
 def shows_and_clicks(
     counts: torch.Tensor, signals: Optional[Dict[str, torch.Tensor]]
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Per-key ``(shows, clicks)`` as float64: ``signals["shows"]`` or the batch counts, ``signals["clicks"]`` or 0."""
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Per-key ``(shows, clicks)`` as float64: ``signals["shows"]`` or the batch counts, ``signals["clicks"]`` or
+    None (no clicks: their term is 0, and skipped)."""
     signals = signals or {}
     shows = signals.get("shows", counts).to(torch.float64)
-    clicks = signals["clicks"].to(torch.float64) if "clicks" in signals else torch.zeros_like(shows)
+    clicks = signals["clicks"].to(torch.float64) if "clicks" in signals else None
     return shows, clicks
 
 
@@ -80,15 +81,20 @@ class ShowClickEviction(ScoredEvictionPolicy):
         self, slots: torch.Tensor, counts: torch.Tensor, step: int, signals: Optional[Dict[str, torch.Tensor]]
     ) -> None:
         shows, clicks = shows_and_clicks(counts, signals)
-        old = self._decayed(self.score[slots], self.last_step[slots], step)
-        self.score[slots] = old + self.alpha * shows + self.beta * clicks
+        if self.score_decay != 1.0:
+            old = self._decayed(self.score.index_select(0, slots), self.last_step.index_select(0, slots), step)
+            self.score.index_copy_(0, slots, old)
+        # The slots are distinct: each index_add_ adds one term per slot, in the formula's order.
+        self.score.index_add_(0, slots, self.alpha * shows)
+        if clicks is not None:
+            self.score.index_add_(0, slots, self.beta * clicks)
         self.last_step.index_fill_(0, slots, step)
 
     def scores(self, step: int) -> torch.Tensor:
         return self._decayed(self.score, self.last_step, step)
 
     def expired(self, step: int) -> torch.Tensor:
-        num = int(self.evict_percentage * int(self.resident.sum()))
+        num = int(self.evict_percentage * int(self.resident.sum())) if self.evict_percentage else 0
         return lowest(self.scores(step), self.resident, num) if num else torch.empty(0, dtype=torch.int64)
 
 
@@ -125,4 +131,4 @@ class ShowClickAdmission(ThresholdAdmission):
 
     def amount(self, counts: torch.Tensor, signals: Optional[Dict[str, torch.Tensor]]) -> torch.Tensor:
         shows, clicks = shows_and_clicks(counts, signals)
-        return self.alpha * shows + self.beta * clicks
+        return self.alpha * shows if clicks is None else self.alpha * shows + self.beta * clicks

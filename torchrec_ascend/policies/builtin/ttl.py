@@ -64,9 +64,9 @@ class TTL(ScoredEvictionPolicy):
     def record(
         self, slots: torch.Tensor, counts: torch.Tensor, step: int, signals: Optional[Dict[str, torch.Tensor]]
     ) -> None:
-        self.last_step[slots] = step
+        self.last_step.index_fill_(0, slots, step)
         if self.ttl_seconds is not None:
-            self.last_time[slots] = self.clock()
+            self.last_time.index_fill_(0, slots, self.clock())
 
     def scores(self, step: int) -> torch.Tensor:
         return self.last_step if self.ttl_seconds is None else self.last_time
