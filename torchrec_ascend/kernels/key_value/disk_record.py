@@ -85,12 +85,19 @@ class RecordFormat:
         return sums
 
     def encode(
-        self, keys: torch.Tensor, rows: torch.Tensor, locations: Optional[np.ndarray] = None, sealed: bool = True
+        self,
+        keys: torch.Tensor,
+        rows: torch.Tensor,
+        locations: Optional[np.ndarray] = None,
+        sealed: bool = True,
+        out: Optional[np.ndarray] = None,
     ) -> np.ndarray:
         """Records for ``keys`` (int64 ``[n]``) and ``rows`` (contiguous ``[n, width]``) stored at ``locations``
-        (see :meth:`checksums`): uint64 ``[n, words]``. ``sealed=False`` leaves the checksum word 0, for a caller
-        that seals them once their locations are known (the disk store's appends: one checksum pass, not two)."""
-        records = np.empty((keys.numel(), self.words), dtype=np.uint64)
+        (see :meth:`checksums`): uint64 ``[n, words]``, in the first ``n`` rows of ``out`` when given (a buffer
+        reused by a caller that encodes many pieces). ``sealed=False`` leaves the checksum word 0, for a caller that
+        seals them once their locations are known (the disk store's appends: one checksum pass, not two)."""
+        shape = (keys.numel(), self.words)
+        records = np.empty(shape, dtype=np.uint64) if out is None else out[: shape[0]]
         records[:, 0] = keys.numpy().view(np.uint64)
         records[:, 1] = 0
         payload = records.view(np.uint8)[:, 16:]

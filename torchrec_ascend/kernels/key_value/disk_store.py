@@ -238,12 +238,14 @@ class DiskStore:
         if len(self) or self._segments:
             raise ConfigError(f"{self.where}: bulk_load fills an empty store; this one holds {len(self)} rows")
         parts: List[List[Tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(PARTITIONS)]
+        # One buffer for every piece: a fresh array a piece cost a quarter of a restore (measured), in page faults.
+        piece = np.empty((BULK_PIECE_ROWS, self._format.words), dtype=np.uint64)
         try:
             for keys, rows in chunks:
                 keys = check_keys(keys, self.where)
                 rows = check_rows(rows, keys.numel(), self.width, self.dtype, self.where)
                 locations = np.concatenate([  # encoded in pieces: the records of a chunk are never all held
-                    self._append(self._format.encode(k, r, sealed=False), f"{k.numel()} rows")
+                    self._append(self._format.encode(k, r, sealed=False, out=piece), f"{k.numel()} rows")
                     for k, r in zip(keys.split(BULK_PIECE_ROWS), rows.split(BULK_PIECE_ROWS))
                 ] or [np.empty(0, dtype=np.int64)])
                 part, fingerprint, _ = self._hash(keys.numpy())
