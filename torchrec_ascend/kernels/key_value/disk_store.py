@@ -620,9 +620,13 @@ class DiskStore:
             expected = (fingerprint << _SHIFT) | (locations[valid].astype(np.uint64) + np.uint64(1))
             buckets = self._probe(part, fingerprint, functools.partial(self._holds, expected))
             live = buckets >= 0
-            found += int(live.sum())
-            chosen = valid[live]
-            yield records[chosen], locations[chosen], buckets[live]
+            found_here = int(live.sum())
+            found += found_here
+            if found_here == stop - start:  # every record live (the common case): no copy of the block
+                yield records, locations, buckets
+            else:
+                chosen = valid[live]
+                yield records[chosen], locations[chosen], buckets[live]
         if found != seg.live:
             self._damaged.add(seg.segment_id)
             raise StorageError(
