@@ -13,6 +13,7 @@ from typing import Dict, Iterator, Optional, Protocol, Tuple, runtime_checkable
 import torch
 
 from torchrec_ascend.errors import ConfigError
+from torchrec_ascend.native import ops
 
 
 @runtime_checkable
@@ -140,7 +141,7 @@ def last_occurrence(keys: torch.Tensor) -> Optional[torch.Tensor]:
         last_occurrence(torch.tensor([5, 6, 5]))  # tensor([1, 2])
         last_occurrence(torch.tensor([5, 6]))  # None
     """
-    unique, inverse = torch.unique(keys, return_inverse=True)
+    unique, inverse, _ = ops.hash_unique(keys)  # one hash pass: most batches of keys hold no repeat
     if unique.numel() == keys.numel():
         return None
     positions = torch.arange(keys.numel(), dtype=torch.int64)
