@@ -3,6 +3,7 @@ file. Oracle: the arrays written (compared as bytes, so NaN payloads count)."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -101,6 +102,23 @@ def test_arrays_read_back_with_writeback_started_as_they_are_written(tmp_path: P
     entries = write(tmp_path / "rank.data", *arrays)
     for array, entry in zip(arrays, entries):
         assert read_array(str(tmp_path / "rank.data"), entry, "x").tobytes() == array.tobytes()
+
+
+def test_a_failed_write_is_a_storage_error_and_leaves_nothing(tmp_path: Path, monkeypatch) -> None:
+    """Arrays are written by the writer thread: its failure (a full disk) surfaces at the next add or the commit,
+    naming the file, and the final name never appears."""
+    path = tmp_path / "rank.data"
+    writer = ArrayFileWriter(str(path))
+    writer.add(np.arange(10))
+
+    def full_disk(self, padding, data, end):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ArrayFileWriter, "_write", full_disk)
+    writer.add(np.arange(1000))  # in flight: fails on the writer thread
+    with pytest.raises(StorageError, match=f"checkpoint file '{path}': write failed: .*No space left on device"):
+        writer.commit()
+    assert os.listdir(tmp_path) == []
 
 
 def test_read_ahead_hints_ignore_malformed_entries_and_missing_files(tmp_path: Path) -> None:

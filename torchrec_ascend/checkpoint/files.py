@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import json
 import math
@@ -88,6 +89,10 @@ def crc32(data: memoryview) -> int:
 class ArrayFileWriter:
     """Writes numpy arrays into one data file, atomically: nothing appears under ``path`` before :meth:`commit`.
 
+    Each array is written by a writer thread while the caller makes the next one (a save reads, checks and copies
+    rows while the previous block goes to the disk): one write is in flight at a time, and an array must not change
+    after :meth:`add` until the next :meth:`add` or :meth:`commit` returns.
+
     Args:
         path: the final file name (its directory must exist).
 
@@ -111,8 +116,10 @@ class ArrayFileWriter:
         except OSError as error:
             raise StorageError(f"checkpoint file '{path}': cannot create it: {error}") from error
         self._offset = len(HEADER)
-        self._written_back = 0  # the bytes before this offset are being written to the disk already
+        self._written_back = 0  # the bytes before this offset are being written to the disk already (writer thread)
         self._committed = False
+        self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._in_flight: Optional[concurrent.futures.Future] = None
 
     def __enter__(self) -> "ArrayFileWriter":
         return self
@@ -125,42 +132,59 @@ class ArrayFileWriter:
         """Append ``array``; returns its metadata entry (``offset``, ``nbytes``, ``dtype``, ``shape``, ``crc32``).
 
         Raises:
-            StorageError: a non-numeric dtype, or the write failed (disk full...).
+            StorageError: a non-numeric dtype, or a write failed (disk full...): this array's or the previous one's.
         """
         if array.dtype.kind not in NUMERIC_KINDS:
             raise StorageError(f"checkpoint file '{self.path}': cannot store arrays of dtype {array.dtype}")
         array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
         data = memoryview(array).cast("B") if array.size else memoryview(b"")  # type: ignore[arg-type]  # numpy types ndarray as a buffer only for Python >= 3.12
         padding = -self._offset % ALIGN if len(data) else 0
-        try:
-            self._file.write(b"\0" * padding)
-            self._file.write(data)
-        except OSError as error:
-            raise StorageError(f"checkpoint file '{self.path}': write failed: {error}") from error
+        self._finish_write()
+        end = self._offset + padding + len(data)
+        self._in_flight = self._writer.submit(self._write, padding, data, end)
         entry = {
             "offset": self._offset + padding,
             "nbytes": len(data),
             "dtype": array.dtype.str,
             "shape": list(array.shape),
-            "crc32": crc32(data),
+            "crc32": crc32(data),  # while the writer thread writes the same bytes
         }
-        self._offset += padding + len(data)
-        self._write_back()
+        self._offset = end
         return entry
 
-    def _write_back(self) -> None:
-        """Start writing what was added so far to the disk once :data:`WRITE_BACK_BYTES` are waiting, without
-        waiting for it (``posix_fadvise(DONTNEED)`` starts the writeback of dirty pages, then drops the pages already
-        written): the disk writes while the next arrays are made, instead of all at :meth:`commit`'s fsync, and a
-        save does not fill the page cache. A hint only: errors surface at the fsync."""
-        if self._offset - self._written_back < WRITE_BACK_BYTES or not hasattr(os, "posix_fadvise"):
+    def _write(self, padding: int, data: memoryview, end: int) -> None:
+        """(Writer thread.) Append ``padding`` zero bytes and ``data``, which end at offset ``end``."""
+        self._file.write(b"\0" * padding)
+        self._file.write(data)
+        self._write_back(end)
+
+    def _finish_write(self) -> None:
+        """Wait for the write in flight.
+
+        Raises:
+            StorageError: it failed.
+        """
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None:
+            return
+        try:
+            in_flight.result()
+        except OSError as error:
+            raise StorageError(f"checkpoint file '{self.path}': write failed: {error}") from error
+
+    def _write_back(self, end: int) -> None:
+        """Start writing what was added so far (up to ``end``) to the disk once :data:`WRITE_BACK_BYTES` are
+        waiting, without waiting for it (``posix_fadvise(DONTNEED)`` starts the writeback of dirty pages, then drops
+        the pages already written): the disk writes while the next arrays are made, instead of all at
+        :meth:`commit`'s fsync, and a save does not fill the page cache. A hint only: errors surface at the fsync."""
+        if end - self._written_back < WRITE_BACK_BYTES or not hasattr(os, "posix_fadvise"):
             return
         try:
             self._file.flush()
-            os.posix_fadvise(self._file.fileno(), 0, self._offset, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(self._file.fileno(), 0, end, os.POSIX_FADV_DONTNEED)
         except OSError:
             pass
-        self._written_back = self._offset
+        self._written_back = end
 
     def commit(self) -> int:
         """Flush, fsync and rename the file into place, then fsync its directory; returns the file's size.
@@ -169,12 +193,16 @@ class ArrayFileWriter:
             StorageError: any step failed (the temporary file is removed; ``path`` is untouched).
         """
         try:
+            self._finish_write()
+            self._writer.shutdown()
             self._file.flush()
             os.fsync(self._file.fileno())
             self._file.close()
             os.replace(self._tmp, self.path)
-        except OSError as error:
+        except (OSError, StorageError) as error:
             self.abort()
+            if isinstance(error, StorageError):
+                raise
             raise StorageError(f"checkpoint file '{self.path}': cannot complete it: {error}") from error
         self._committed = True
         fsync_directory(os.path.dirname(self.path) or ".")
@@ -182,6 +210,8 @@ class ArrayFileWriter:
 
     def abort(self) -> None:
         """Drop the temporary file (the final name never appears)."""
+        self._writer.shutdown()  # waits for the write in flight: the file is closed after it
+        self._in_flight = None
         self._file.close()
         if os.path.exists(self._tmp):
             os.remove(self._tmp)
