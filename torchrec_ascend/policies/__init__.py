@@ -9,8 +9,9 @@ How the pieces fit (a cache or table owner only needs the first three):
   (:mod:`~torchrec_ascend.policies.compose`), and every policy comes wrapped in a validating
   :mod:`~torchrec_ascend.policies.checked` wrapper.
 * :mod:`~torchrec_ascend.policies.cadence`: when and how much to evict, with minimum-residency protection.
-* Building blocks for policy authors: :mod:`~torchrec_ascend.policies.scored` (per-slot scores, ``topk``
-  victims), :mod:`~torchrec_ascend.policies.key_table` (bounded key -> score table), ``hashing``, ``options``.
+* Building blocks for policy authors: :mod:`~torchrec_ascend.policies.scored` (per-slot scores, the lowest chosen
+  by one native radix selection), :mod:`~torchrec_ascend.policies.key_table` (bounded key -> score table),
+  ``hashing``, ``options``.
 * Tools: :mod:`~torchrec_ascend.policies.contract` (``check_policy``: hypothesis checks every policy must pass)
   and :mod:`~torchrec_ascend.policies.simulator` (hit rates against Belady's optimum on the
   :mod:`~torchrec_ascend.policies.traces`).

@@ -1,9 +1,9 @@
 """Building blocks for eviction policies that rank slots by a per-slot score held in capacity-sized tensors.
 
 Most policies (LRU, LFU, their epoch variants, TTL, show/click) are "keep a few numbers per slot, evict the
-lowest". :class:`ScoredEvictionPolicy` does the common part once: residency, victim selection with ``topk``
-over a masked score, and ``state_dict`` round trips of the metadata tensors. A subclass says how accesses update
-its metadata and how metadata becomes a score. Third-party policies may build on it too.
+lowest". :class:`ScoredEvictionPolicy` does the common part once: residency, victim selection (:func:`lowest`:
+the lowest scores among the candidates) and ``state_dict`` round trips of the metadata tensors. A subclass says how
+accesses update its metadata and how metadata becomes a score. Third-party policies may build on it too.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from torchrec_ascend.errors import ConfigError
-from torchrec_ascend.native import ops
 from torchrec_ascend.policies.base import EvictionPolicy
 from torchrec_ascend.policies.options import load_tensors, positive_int
 
@@ -41,6 +40,9 @@ def lowest(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> torch.Te
     """
     if num <= 0:
         return torch.empty(0, dtype=torch.int64)
+    # Imported here: policies load (plugin discovery at `import torchrec`) even where the native library does not.
+    from torchrec_ascend.native import ops
+
     # One native radix selection: a few passes over the slots, where topk compared (value, index) pairs.
     wide = scores.to(torch.float64 if scores.is_floating_point() else torch.int64)  # exact for every real dtype
     return ops.select_lowest(wide, candidates, num)

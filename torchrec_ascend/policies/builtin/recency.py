@@ -12,7 +12,7 @@ from torchrec_ascend.policies.scored import EpochScoredPolicy, ScoredEvictionPol
 class LRU(ScoredEvictionPolicy):
     """Least recently used: evicts the slots whose last access is the oldest step.
 
-    Slots used in the same step tie; ``topk`` breaks the tie.
+    Slots used in the same step tie; the lowest slots go first.
 
     Args:
         capacity (int): number of slots.
