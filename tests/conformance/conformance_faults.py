@@ -367,8 +367,8 @@ def _transfer_dropped_patch() -> None:
     original = IdMapper.map_on_host
 
     def map_on_host(self: Any, on_host: Any, device: Any) -> Any:
-        rows, mapped = original(self, on_host, device)
-        return mapped.values(), mapped  # the rows stay on the host
+        rows, assignments = original(self, on_host, device)
+        return rows.to("cpu"), assignments  # the rows stay on the host
 
     _replace(IdMapper, "map_on_host", map_on_host)
 

@@ -48,6 +48,8 @@ class Assignment:
         new_ids: the IDs of ``new_slots``, aligned.
         evicted_slots: rows freed by this call (before being handed to new IDs); the kernel saves or drops them.
         evicted_ids: the IDs those rows held, aligned.
+        default_used: whether some ID reads the reserved default row (True where unknown: the safe answer, as the
+            kernel then rewrites that row before the next batch).
     """
 
     slots: torch.Tensor
@@ -55,6 +57,7 @@ class Assignment:
     new_ids: torch.Tensor = _EMPTY
     evicted_slots: torch.Tensor = _EMPTY
     evicted_ids: torch.Tensor = _EMPTY
+    default_used: bool = True
 
 
 def refuse_unused_eviction_settings(table: str, spec: HashTableSpec, overflow: str) -> None:
@@ -187,7 +190,8 @@ class SlotTable(torch.nn.Module):
         self.counters["hits"] += int(counts[hit].sum())
         if not training and known is None:
             self.counters["unknown_in_eval"] += int((~hit).sum())
-            return Assignment(slots=torch.where(hit, slots_u, self.default_slot)[inverse])
+            return Assignment(slots=torch.where(hit, slots_u, self.default_slot)[inverse],
+                              default_used=not bool(hit.all()))
 
         self.step += 1
         hit_slots = slots_u[hit]
@@ -208,7 +212,8 @@ class SlotTable(torch.nn.Module):
         self.slot_ids[new_slots] = new_ids
         self.last_used[new_slots] = self.step
         slots_u[new_pos] = new_slots
-        slots_u[slots_u < 0] = self.default_slot
+        unset = slots_u < 0
+        slots_u[unset] = self.default_slot
         self.counters["inserted"] += new_ids.numel()
         if self.eviction is not None:
             self.eviction.on_insert(new_slots, new_ids, self.step, counts=counts[new_pos])
@@ -220,6 +225,7 @@ class SlotTable(torch.nn.Module):
             new_ids=new_ids,
             evicted_slots=evicted_slots,
             evicted_ids=evicted_ids,
+            default_used=bool(unset.any()),
         )
 
     def pin(self, slots: torch.Tensor, delta: int = 1) -> None:
@@ -264,7 +270,7 @@ class SlotTable(torch.nn.Module):
         # scatter_ of a tensor: a quarter of the time of an index_put of a scalar (repeated slots write one value)
         self.last_used.scatter_(0, slots, torch.full_like(slots, self.step))
         self.counters["inserted"] += new_ids.numel()
-        return Assignment(slots=slots, new_slots=new_slots, new_ids=new_ids)
+        return Assignment(slots=slots, new_slots=new_slots, new_ids=new_ids, default_used=False)  # full: raised
 
     def remove(self, ids: torch.Tensor) -> torch.Tensor:
         """Drop IDs from the pool (e.g. expired ones); returns their freed rows (-1 where absent)."""

@@ -26,7 +26,7 @@ import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend.errors import check_non_negative_ids
-from torchrec_ascend.hash.slot_table import SlotTable
+from torchrec_ascend.hash.slot_table import Assignment, SlotTable
 from torchrec_ascend.kernels.pool import Pool
 from torchrec_ascend.kernels.row_tier import RowTier
 from torchrec_ascend.kernels.transfers import to_device, to_host
@@ -35,7 +35,10 @@ _EMPTY = torch.empty(0, dtype=torch.int64)
 
 
 def with_values(features: KeyedJaggedTensor, values: torch.Tensor) -> KeyedJaggedTensor:
-    """``features`` with ``values`` replaced (same keys, lengths, weights and variable-batch layout)."""
+    """``features`` with ``values`` replaced (same keys, lengths, weights and variable-batch layout); ``features``
+    itself when ``values`` are its own (a host batch on the CPU: building a KJT costs ~20 us)."""
+    if values is features.values():
+        return features
     return KeyedJaggedTensor(
         keys=features.keys(),
         values=values,
@@ -132,6 +135,7 @@ class IdMapper:
         # The batch between its lookup and the next: its pinned slots, and per table whether it read the reserved row
         # (its backward may move that row; the next lookup writes it back). At first every reserved row is written.
         self._in_compute = Pins([], [True] * len(slot_tables))
+        self._default_read = [True] * len(slot_tables)  # the same, per table, for the last batch map_now mapped
         self._prefetching = False  # set by the first prefetch: from then on lookups pin their batch's rows
         self._rows_lock = threading.Lock()  # prefetch (a host thread) and lookup (the compute thread) both map IDs
         # Recorded on the compute stream by each pipelined lookup, after the rows it released and wrote: a prefetch
@@ -171,8 +175,8 @@ class IdMapper:
                 self._prefetched[key] = (indices, None, None)  # later batches must not take rows this one needs first
             else:
                 self._wait_for_pool_writes(indices.device, forward_stream)
-                rows, slots = self.map_on_host(on_host, indices.device)
-                self._prefetched[key] = (indices, rows, self._pin(slots))
+                rows, assignments = self.map_on_host(on_host, indices.device)
+                self._prefetched[key] = (indices, rows, self._pin(assignments))
             while len(self._prefetched) > self._pipeline_depth + 1:  # batches a pipeline dropped (detach, end)
                 pinned = self._prefetched.popitem(last=False)[1][2]
                 if pinned is not None:
@@ -204,9 +208,9 @@ class IdMapper:
             else:
                 if ready is not None and ready[2] is not None:
                     self._release(ready[2])
-                rows, slots = self.map_on_host(with_values(features, to_host(values)), values.device)
+                rows, assignments = self.map_on_host(with_values(features, to_host(values)), values.device)
                 mapped = with_values(features, rows)
-                self._in_compute = self._pin(slots)
+                self._in_compute = self._pin(assignments)
             if _has_streams(values.device):
                 self._released = torch.Event(device=values.device)
                 self._released.record()
@@ -215,8 +219,11 @@ class IdMapper:
     def map_now(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """``features`` with raw IDs replaced by rows chosen now (nothing pinned); the values on their device."""
         values = features.values()
-        self._rewrite_default_rows([True] * len(self._slot_tables))
-        return with_values(features, self.map_on_host(with_values(features, to_host(values)), values.device)[0])
+        # Outside the lookups' order (a pipeline prefetches too) any batch in flight may have read a reserved row.
+        self._rewrite_default_rows([True] * len(self._slot_tables) if self._prefetching else self._default_read)
+        rows, assignments = self.map_on_host(with_values(features, to_host(values)), values.device)
+        self._default_read = [a.default_used for a in assignments]
+        return with_values(features, rows)
 
     def _rewrite_default_rows(self, moved: List[bool]) -> None:
         """Rewrite the reserved row of each table whose row the previous batch read (its backward may have moved it;
@@ -228,9 +235,9 @@ class IdMapper:
             if write:
                 self._pool.write_default_row(t)
 
-    def map_on_host(self, on_host: KeyedJaggedTensor, device: torch.device) -> Tuple[torch.Tensor, KeyedJaggedTensor]:
+    def map_on_host(self, on_host: KeyedJaggedTensor, device: torch.device) -> Tuple[torch.Tensor, List[Assignment]]:
         """Map ``on_host`` (a batch's raw IDs on the host): its rows on ``device`` (one host-to-device copy), and
-        ``on_host`` with the rows in place of the IDs (on the host, for pinning).
+        per table its slot table's assignment (rows on the host, for pinning).
 
         Raises:
             InputError: a negative ID (the message names its table and feature), or ``on_batch``'s refusal.
@@ -244,6 +251,7 @@ class IdMapper:
             self._on_batch(on_host)
         per_feature = torch.split(values, on_host.length_per_key())
         slots: List[Any] = [None] * len(per_feature)
+        assignments = []
         training = self._training()
         for t, table in enumerate(self._slot_tables):
             features_of_t = self._features_of[t]
@@ -258,14 +266,14 @@ class IdMapper:
                 except Exception:
                     table.remove(assignment.new_ids)  # unfilled rows must not stay mapped; the stores keep theirs
                     raise
+            assignments.append(assignment)
             if len(features_of_t) == 1:
                 slots[features_of_t[0]] = assignment.slots
             else:
                 sizes = [per_feature[i].numel() for i in features_of_t]
                 for i, part in zip(features_of_t, torch.split(assignment.slots, sizes)):
                     slots[i] = part
-        host_slots = _joined(slots, values)
-        return to_device(host_slots, device), with_values(on_host, host_slots)
+        return to_device(_joined(slots, values), device), assignments
 
     def fits(self, features: KeyedJaggedTensor) -> bool:
         """Whether the pools can take these (host) IDs' rows now, next to the pinned rows of batches in flight."""
@@ -276,15 +284,17 @@ class IdMapper:
         per_feature = torch.split(features.values(), features.length_per_key())
         return [torch.cat([per_feature[i] for i in features] or [_EMPTY]) for features in self._features_of]
 
-    def _pin(self, mapped: KeyedJaggedTensor) -> Pins:
-        """Pin the rows of ``mapped`` (slots on the host, per feature) until :meth:`_release`."""
+    def _pin(self, assignments: List[Assignment]) -> Pins:
+        """Pin a batch's rows (its assignments, one per table) until :meth:`_release`."""
         pinned = Pins([], [])
-        for table, slots in zip(self._slot_tables, self.ids_per_table(mapped)):
-            own = slots != table.default_slot
-            slots = torch.unique(slots[own])
+        for table, assignment in zip(self._slot_tables, assignments):
+            slots = assignment.slots
+            if assignment.default_used:
+                slots = slots[slots != table.default_slot]
+            slots = torch.unique(slots)
             table.pin(slots)
             pinned.slots.append(slots)
-            pinned.default_used.append(not bool(own.all()))
+            pinned.default_used.append(assignment.default_used)
         return pinned
 
     def _release(self, pinned: Pins) -> None:
