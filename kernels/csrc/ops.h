@@ -14,6 +14,13 @@ namespace torchrec_ascend {
 // (next_fresh, num_free). See kernels/id_map.py for the contract.
 std::tuple<at::Tensor, at::Tensor> id_map_insert_or_lookup_cpu(
     const at::Tensor& buckets, const at::Tensor& free_slots, const at::Tensor& counters, const at::Tensor& ids);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> id_map_insert_stamped_cpu(
+    const at::Tensor& buckets,
+    const at::Tensor& free_slots,
+    const at::Tensor& counters,
+    const at::Tensor& last_used,
+    const at::Tensor& ids,
+    int64_t step);
 at::Tensor id_map_lookup_cpu(const at::Tensor& buckets, const at::Tensor& ids);
 at::Tensor id_map_remove_cpu(
     const at::Tensor& buckets, const at::Tensor& free_slots, const at::Tensor& counters, const at::Tensor& ids);

@@ -9,6 +9,11 @@ TORCH_LIBRARY(torchrec_ascend, m) {
   m.def(
       "id_map_insert_or_lookup(Tensor(a!) buckets, Tensor free_slots, Tensor(b!) counters, Tensor ids)"
       " -> (Tensor slots, Tensor is_new)");
+  // The same insert, also stamping `step` into last_used int64[capacity] (a slot table's) at every mapped slot, with
+  // the positions of the IDs it inserted and the count of IDs held before the call (an int64 scalar).
+  m.def(
+      "id_map_insert_stamped(Tensor(a!) buckets, Tensor free_slots, Tensor(b!) counters, Tensor(c!) last_used,"
+      " Tensor ids, int step) -> (Tensor slots, Tensor new_positions, Tensor hits)");
   m.def("id_map_lookup(Tensor buckets, Tensor ids) -> Tensor");
   m.def("id_map_remove(Tensor(a!) buckets, Tensor(b!) free_slots, Tensor(c!) counters, Tensor ids) -> Tensor");
   m.def("id_map_export(Tensor buckets, Tensor counters) -> (Tensor ids, Tensor slots)");

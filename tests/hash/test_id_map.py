@@ -206,6 +206,21 @@ def test_non_contiguous_ids_are_accepted():
     apply_both(id_map, ref, "insert_or_lookup", torch.arange(20)[::3])
 
 
+@pytest.mark.parametrize(
+    "last_used, step, error, message",
+    [
+        (torch.zeros(5, dtype=torch.int64), 1, RuntimeError, r"`last_used` must be .* of shape \[capacity=4\]"),
+        (torch.zeros(4, dtype=torch.int32), 1, RuntimeError, "`last_used` must be a contiguous int64"),
+        (torch.zeros(4, dtype=torch.int64), -1, ValueError, "`step` must be >= 0, got -1"),
+    ],
+)
+def test_insert_stamped_rejects_bad_arguments_and_changes_nothing(last_used, step, error, message):
+    id_map = IdMap(4)
+    with pytest.raises(error, match=message):
+        id_map.insert_stamped(ids(3, 4), last_used, step)
+    assert len(id_map) == 0 and not last_used.any()
+
+
 @pytest.mark.parametrize("capacity", [0, -1, 2.5, True, "8"])
 def test_bad_capacity_raises_config_error(capacity):
     with pytest.raises(ConfigError, match="capacity must be a positive int"):
@@ -236,10 +251,33 @@ class IdMapMachine(RuleBasedStateMachine):
     @initialize(capacity=st.integers(1, 48))
     def create(self, capacity):
         self.id_map, self.ref = IdMap(capacity), IdMapReference(capacity)
+        self.new_last_used(capacity)
+        self.step = 0
+
+    def new_last_used(self, capacity):
+        """A slot table's last-use steps (what insert_stamped writes) and their plain-Python model."""
+        self.last_used = torch.full((capacity,), -7, dtype=torch.int64)
+        self.expected_last_used = [-7] * capacity
 
     @rule(batch=ID_BATCHES)
     def insert_or_lookup(self, batch):
         apply_both(self.id_map, self.ref, "insert_or_lookup", batch)
+
+    @rule(batch=ID_BATCHES, step_gap=st.integers(0, 3))
+    def insert_stamped(self, batch, step_gap):
+        """The reference's insert_or_lookup, plus: every mapped slot stamped, the inserting positions, the hits."""
+        self.step += step_gap
+        held_before = set(self.ref.export()[0].tolist())
+        slots, is_new = self.ref.insert_or_lookup(batch)
+        got_slots, new_positions, hits = self.id_map.insert_stamped(batch, self.last_used, self.step)
+        assert_same(got_slots, slots)
+        assert_same(new_positions, is_new.nonzero().squeeze(1))
+        assert hits == sum(i in held_before for i in batch.tolist())
+        for slot in slots.tolist():
+            if slot >= 0:
+                self.expected_last_used[slot] = self.step
+        assert self.last_used.tolist() == self.expected_last_used
+        assert len(self.id_map) == len(self.ref)
 
     @rule(batch=ID_BATCHES)
     def lookup(self, batch):
@@ -260,6 +298,7 @@ class IdMapMachine(RuleBasedStateMachine):
         capacity = self.ref.capacity + grow
         self.id_map = IdMap.from_export(ids_, slots, capacity)
         self.ref = IdMapReference.from_export(ids_, slots, capacity)
+        self.new_last_used(capacity)
 
     @rule()
     def reload_state_dict(self):

@@ -18,6 +18,9 @@ from torchrec_ascend.native import ops
 SCHEMAS = {
     "id_map_insert_or_lookup": "torchrec_ascend::id_map_insert_or_lookup(Tensor(a!) buckets, Tensor free_slots, "
     "Tensor(b!) counters, Tensor ids) -> (Tensor slots, Tensor is_new)",
+    "id_map_insert_stamped": "torchrec_ascend::id_map_insert_stamped(Tensor(a!) buckets, Tensor free_slots, "
+    "Tensor(b!) counters, Tensor(c!) last_used, Tensor ids, int step) -> (Tensor slots, Tensor new_positions, "
+    "Tensor hits)",
     "id_map_lookup": "torchrec_ascend::id_map_lookup(Tensor buckets, Tensor ids) -> Tensor",
     "id_map_remove": "torchrec_ascend::id_map_remove(Tensor(a!) buckets, Tensor(b!) free_slots, Tensor(c!) counters, "
     "Tensor ids) -> Tensor",
@@ -106,6 +109,7 @@ def opcheck_cases(records_fd):
         "fingerprint_insert": (*fingerprints, torch.tensor([1]), torch.tensor([11 << 36 | 4]), 28, MAX_LOAD,
                                LOW_LOAD),
         "id_map_insert_or_lookup": (*filled_state(), ids),
+        "id_map_insert_stamped": (*filled_state(), torch.zeros(16, dtype=torch.int64), ids, 3),
         "id_map_lookup": (filled_state()[0], ids),
         "id_map_remove": (*filled_state(), ids),
         "id_map_export": (filled_state()[0], filled_state()[2]),
@@ -154,7 +158,11 @@ def test_data_dependent_sizes_are_unbacked_symbols_under_fake_tensors():
     with FakeTensorMode(shape_env=ShapeEnv()):
         unique, inverse, counts = ops.hash_unique(torch.empty(12, dtype=torch.int64))
         exported_ids, exported_slots = ops.id_map_export(torch.empty(64, 2, dtype=torch.int64), torch.empty(2))
+        state = torch.empty(64, 2, dtype=torch.int64), torch.empty(16, dtype=torch.int64), torch.empty(2)
+        slots, new_positions, hits = ops.id_map_insert_stamped(*state, torch.empty(16, dtype=torch.int64),
+                                                               torch.empty(10, dtype=torch.int64), 3)
     assert isinstance(unique.shape[0], torch.SymInt) and str(unique.shape[0]) == str(counts.shape[0])
     assert inverse.shape == (12,)
     assert isinstance(exported_ids.shape[0], torch.SymInt)
     assert str(exported_ids.shape[0]) == str(exported_slots.shape[0]) != str(unique.shape[0])
+    assert slots.shape == (10,) and hits.shape == () and isinstance(new_positions.shape[0], torch.SymInt)

@@ -112,6 +112,33 @@ class IdMap(torch.nn.Module):
         """
         return ops.id_map_insert_or_lookup(self.buckets, self.free_slots, self.counters, ids)
 
+    def insert_stamped(
+        self, ids: torch.Tensor, last_used: torch.Tensor, step: int
+    ) -> Tuple[torch.Tensor, torch.Tensor, int]:
+        """:meth:`insert_or_lookup` that also writes ``step`` into ``last_used`` at every slot it maps (a slot
+        table's training pass, one native call).
+
+        Args:
+            ids (Tensor): int64 ``[n]``, non-negative.
+            last_used (Tensor): int64 ``[capacity]``, mutated.
+            step (int): ``>= 0``.
+
+        Returns:
+            Tuple[Tensor, Tensor, int]: ``slots`` (``-1`` where the map is full: that ID is NOT inserted), the
+            ascending positions of the IDs this call inserted (their first occurrences), and how many positions hold
+            an ID the map held before the call.
+
+        Example::
+
+            last_used = torch.zeros(8, dtype=torch.int64)
+            slots, new_positions, hits = IdMap(8).insert_stamped(torch.tensor([5, 6, 5]), last_used, step=1)
+            # [0, 1, 0], [0, 1], 0; last_used[:2] == 1
+        """
+        slots, new_positions, hits = ops.id_map_insert_stamped(
+            self.buckets, self.free_slots, self.counters, last_used, ids, step
+        )
+        return slots, new_positions, int(hits)
+
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """Slot of every ID, ``-1`` where absent; the map is not changed.
 

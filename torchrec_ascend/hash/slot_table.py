@@ -105,7 +105,6 @@ class SlotTable(torch.nn.Module):
     slot_ids: torch.Tensor
     last_used: torch.Tensor
     pins: torch.Tensor
-    new_mark: torch.Tensor
 
     def __init__(self, table: str, spec: HashTableSpec, rows: int, overflow: str, refuse_unused: bool = True) -> None:
         super().__init__()
@@ -131,8 +130,6 @@ class SlotTable(torch.nn.Module):
         self.register_buffer("last_used", torch.full((self.capacity,), NEVER_USED, dtype=torch.int64))
         # Batches in flight (prefetched, or in compute) pin their rows; a row is evictable only at zero pins.
         self.register_buffer("pins", torch.zeros(self.capacity, dtype=torch.int32), persistent=False)
-        # Scratch for counting hits without a per-batch allocation of the table's size: all False between batches.
-        self.register_buffer("new_mark", torch.zeros(self.capacity, dtype=torch.bool), persistent=False)
         self.eviction, self.admission, self.cadence = self._new_policies()
         self.counters: Dict[str, int] = dict.fromkeys(COUNTERS, 0)
 
@@ -245,30 +242,20 @@ class SlotTable(torch.nn.Module):
         return missing <= free + int(evictable.sum())
 
     def _insert_all(self, ids: torch.Tensor) -> Assignment:
-        """The common case (every new ID admitted, a full table an error) in one native pass over the batch.
-
-        Past the warm-up most batches bring no new ID; they then cost the pass, two small reductions and the
-        last-use stamps (each tensor op over a batch's IDs costs 5-50 us here, a visible share of a step).
-        """
+        """The common case (every new ID admitted, a full table an error) in one native pass over the batch, which
+        also stamps the last-use step and counts the hits (each tensor op over a batch's IDs costs 5-50 us here, a
+        visible share of a step)."""
         self.step += 1
-        slots, is_new = self.id_map.insert_or_lookup(ids)
-        new_pos = is_new.nonzero().squeeze(1)
+        slots, new_pos, hits = self.id_map.insert_stamped(ids, self.last_used, self.step)
         new_ids, new_slots = ids.index_select(0, new_pos), slots.index_select(0, new_pos)
         self.counters["lookups"] += ids.numel()
-        full = bool(ids.numel()) and int(slots.min()) < 0
-        if not new_pos.numel() and not full:
-            self.counters["hits"] += ids.numel()  # every ID was held already
-        else:
-            self.new_mark[new_slots] = True  # a new ID's repeats in its own batch are not hits
-            self.counters["hits"] += int(((slots >= 0) & ~self.new_mark[slots.clamp(min=0)]).sum())
-            self.new_mark[new_slots] = False
-            if full:
-                self.id_map.remove(new_ids)  # the batch fails whole: no ID keeps a row it never had filled
-                needed = new_ids.numel() + ops.hash_unique(ids[slots < 0])[0].numel()
-                raise self._full(needed, self.capacity - len(self.id_map))
-            self.slot_ids[new_slots] = new_ids
-        # scatter_ of a tensor: a quarter of the time of an index_put of a scalar (repeated slots write one value)
-        self.last_used.scatter_(0, slots, torch.full_like(slots, self.step))
+        self.counters["hits"] += hits
+        # A refused ID (slot -1: the map ran full) is neither a hit nor new; the map is then full.
+        if hits + new_pos.numel() < ids.numel() and len(self.id_map) == self.capacity and int(slots.min()) < 0:
+            self.id_map.remove(new_ids)  # the batch fails whole: no ID keeps a row it never had filled
+            needed = new_ids.numel() + ops.hash_unique(ids[slots < 0])[0].numel()
+            raise self._full(needed, self.capacity - len(self.id_map))
+        self.slot_ids[new_slots] = new_ids
         self.counters["inserted"] += new_ids.numel()
         return Assignment(slots=slots, new_slots=new_slots, new_ids=new_ids, default_used=False)  # full: raised
 

@@ -43,6 +43,7 @@ __all__ = [
     "hash_unique",
     "id_map_export",
     "id_map_insert_or_lookup",
+    "id_map_insert_stamped",
     "id_map_lookup",
     "id_map_rebuild",
     "id_map_remove",
@@ -85,6 +86,41 @@ def id_map_insert_or_lookup(
         slots, is_new = id_map_insert_or_lookup(m.buckets, m.free_slots, m.counters, torch.tensor([7, 3, 7]))
     """
     return _ops.id_map_insert_or_lookup(buckets, free_slots, counters, ids)
+
+
+def id_map_insert_stamped(
+    buckets: torch.Tensor,
+    free_slots: torch.Tensor,
+    counters: torch.Tensor,
+    last_used: torch.Tensor,
+    ids: torch.Tensor,
+    step: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`id_map_insert_or_lookup` that also stamps ``step`` into ``last_used`` at every slot it maps and counts
+    the IDs it found (a slot table's training pass in one call).
+
+    Args:
+        buckets, free_slots, counters: the ID map's state, as for :func:`id_map_insert_or_lookup`.
+        last_used (Tensor): int64 ``[capacity]``, mutated: ``step`` at each slot of the result (``>= 0``).
+        ids (Tensor): int64 ``[n]``, non-negative.
+        step (int): ``>= 0``.
+
+    Returns:
+        Tuple[Tensor, Tensor, Tensor]: ``slots`` int64 ``[n]`` (``-1`` where the map is full), ``new_positions``
+        int64 ``[k]`` (ascending: the first occurrence of each ID this call inserted) and ``hits`` (int64 scalar: the
+        positions whose ID the map held before the call).
+
+    Raises:
+        ValueError: ``ids`` holds a negative value or is not 1-D, ``step`` is negative.
+        TypeError: ``ids`` is not int64.
+        RuntimeError: ``last_used`` is not int64 ``[capacity]``.
+
+    Example::
+
+        slots, new_positions, hits = id_map_insert_stamped(
+            m.buckets, m.free_slots, m.counters, last_used, torch.tensor([7, 3, 7]), step=1)  # ..., [0, 1], 0
+    """
+    return _ops.id_map_insert_stamped(buckets, free_slots, counters, last_used, ids, step)
 
 
 def id_map_lookup(buckets: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -468,6 +504,15 @@ def _id_map_insert_or_lookup_fake(
     buckets: torch.Tensor, free_slots: torch.Tensor, counters: torch.Tensor, ids: torch.Tensor
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     return torch.empty_like(ids), torch.empty_like(ids, dtype=torch.bool)
+
+
+@torch.library.register_fake("torchrec_ascend::id_map_insert_stamped")
+def _id_map_insert_stamped_fake(
+    buckets: torch.Tensor, free_slots: torch.Tensor, counters: torch.Tensor, last_used: torch.Tensor,
+    ids: torch.Tensor, step: int,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    inserted = torch.library.get_ctx().new_dynamic_size()
+    return torch.empty_like(ids), ids.new_empty(inserted), ids.new_empty(())
 
 
 @torch.library.register_fake("torchrec_ascend::id_map_lookup")

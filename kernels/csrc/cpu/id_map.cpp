@@ -5,8 +5,10 @@
 // first), then fresh slots in increasing order.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "../ops.h"
@@ -19,18 +21,27 @@ constexpr int64_t kNotFound = -1;
 constexpr int64_t kLookupGrain = 1 << 15;
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> id_map_insert_or_lookup_cpu(
-    const at::Tensor& buckets, const at::Tensor& free_slots, const at::Tensor& counters, const at::Tensor& ids_arg) {
-  constexpr const char* op = "id_map_insert_or_lookup";
+namespace {
+
+// The checks every insert runs; returns `ids` contiguous.
+at::Tensor checked_insert_args(
+    const at::Tensor& buckets, const at::Tensor& free_slots, const at::Tensor& counters, const at::Tensor& ids,
+    const char* op) {
   check_id_map_layout(buckets, free_slots, counters, op);
   check_counter_values(counters, free_slots.numel(), op);
-  check_1d_int64(ids_arg, op, "ids");
-  const at::Tensor ids = ids_arg.contiguous();
-  check_non_negative(ids, op);
+  check_1d_int64(ids, op, "ids");
+  at::Tensor contiguous = ids.contiguous();
+  check_non_negative(contiguous, op);
+  return contiguous;
+}
 
-  const int64_t n = ids.numel();
-  at::Tensor slots = at::empty({n}, ids.options());
-  at::Tensor is_new = at::empty({n}, ids.options().dtype(at::kBool));
+// One insert-or-lookup pass over `ids` into `out` (slots, kNotFound where the map is full: that ID is not inserted);
+// `visit(i, slot, inserted)` sees each position as it is mapped. The probe that misses ends on the empty bucket the
+// new ID goes into.
+template <typename Visit>
+void insert_pass(
+    const at::Tensor& buckets, const at::Tensor& free_slots, const at::Tensor& counters, const at::Tensor& ids,
+    int64_t* out, Visit visit) {
   IdTable table(buckets);
   const int64_t capacity = free_slots.numel();
   const int64_t* free = free_slots.data_ptr<int64_t>();
@@ -38,20 +49,17 @@ std::tuple<at::Tensor, at::Tensor> id_map_insert_or_lookup_cpu(
   int64_t next_fresh = count[0];
   int64_t num_free = count[1];
   const int64_t* in = ids.data_ptr<int64_t>();
-  int64_t* out = slots.data_ptr<int64_t>();
-  bool* fresh = is_new.data_ptr<bool>();
-
-  // One pass: the probe that misses ends on the empty bucket the new ID goes into.
+  const int64_t n = ids.numel();
   HomeWindow<kPrefetchDistance, /*kForWrite=*/1> homes(table, in, 0, n);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t key = in[i];
     const uint64_t b = table.find_from(homes.take(i), key);
-    fresh[i] = false;
     if (table.key(b) == key) {
       out[i] = table.slot(b);
+      visit(i, out[i], false);
       continue;
     }
-    int64_t slot = kNotFound;  // full: the ID is not inserted, the caller raises or evicts and retries
+    int64_t slot = kNotFound;
     if (num_free > 0) {
       slot = free[--num_free];
     } else if (next_fresh < capacity) {
@@ -59,13 +67,70 @@ std::tuple<at::Tensor, at::Tensor> id_map_insert_or_lookup_cpu(
     }
     if (slot != kNotFound) {
       table.set(b, key, slot);
-      fresh[i] = true;
     }
     out[i] = slot;
+    visit(i, slot, slot != kNotFound);
   }
   count[0] = next_fresh;
   count[1] = num_free;
+}
+
+// last_used of a row inserted by the running id_map_insert_stamped call, until the call ends (no step takes it).
+constexpr int64_t kInsertedNow = std::numeric_limits<int64_t>::min();
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> id_map_insert_or_lookup_cpu(
+    const at::Tensor& buckets, const at::Tensor& free_slots, const at::Tensor& counters, const at::Tensor& ids_arg) {
+  const at::Tensor ids = checked_insert_args(buckets, free_slots, counters, ids_arg, "id_map_insert_or_lookup");
+  at::Tensor slots = at::empty({ids.numel()}, ids.options());
+  at::Tensor is_new = at::empty({ids.numel()}, ids.options().dtype(at::kBool));
+  bool* fresh = is_new.data_ptr<bool>();
+  insert_pass(buckets, free_slots, counters, ids, slots.data_ptr<int64_t>(),
+              [fresh](int64_t i, int64_t, bool inserted) { fresh[i] = inserted; });
   return {slots, is_new};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> id_map_insert_stamped_cpu(
+    const at::Tensor& buckets, const at::Tensor& free_slots, const at::Tensor& counters, const at::Tensor& last_used,
+    const at::Tensor& ids_arg, int64_t step) {
+  constexpr const char* op = "id_map_insert_stamped";
+  const at::Tensor ids = checked_insert_args(buckets, free_slots, counters, ids_arg, op);
+  TORCH_CHECK(
+      last_used.dim() == 1 && last_used.numel() == free_slots.numel() && last_used.scalar_type() == at::kLong &&
+          last_used.is_contiguous(),
+      op, ": `last_used` must be a contiguous int64 tensor of shape [capacity=", free_slots.numel(), "], got ",
+      last_used.scalar_type(), " ", last_used.sizes(), "; pass the slot table's `last_used` buffer.");
+  TORCH_CHECK_VALUE(step >= 0, op, ": `step` must be >= 0, got ", step, "; pass the slot table's step counter.");
+
+  const int64_t n = ids.numel();
+  at::Tensor slots = at::empty({n}, ids.options());
+  int64_t* out = slots.data_ptr<int64_t>();
+  int64_t* used = last_used.data_ptr<int64_t>();
+  std::vector<int64_t> new_positions;
+  int64_t hits = 0;
+  // Rows inserted now are marked, so their IDs' repeats in this batch are not counted as hits; the other rows are
+  // stamped after the probes, in a loop whose iterations are independent (their cache misses overlap).
+  insert_pass(buckets, free_slots, counters, ids, out, [&](int64_t i, int64_t slot, bool inserted) {
+    if (inserted) {
+      used[slot] = kInsertedNow;
+      new_positions.push_back(i);
+    }
+  });
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = out[i];
+    if (slot != kNotFound && used[slot] != kInsertedNow) {
+      used[slot] = step;
+      ++hits;
+    }
+  }
+  at::Tensor positions = at::empty({static_cast<int64_t>(new_positions.size())}, ids.options());
+  int64_t* pos = positions.data_ptr<int64_t>();
+  for (size_t k = 0; k < new_positions.size(); ++k) {
+    pos[k] = new_positions[k];
+    used[out[new_positions[k]]] = step;
+  }
+  return {slots, positions, at::scalar_tensor(hits, ids.options())};
 }
 
 at::Tensor id_map_lookup_cpu(const at::Tensor& buckets, const at::Tensor& ids_arg) {

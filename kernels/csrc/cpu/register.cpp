@@ -5,6 +5,7 @@
 
 TORCH_LIBRARY_IMPL(torchrec_ascend, CPU, m) {
   m.impl("id_map_insert_or_lookup", &torchrec_ascend::id_map_insert_or_lookup_cpu);
+  m.impl("id_map_insert_stamped", &torchrec_ascend::id_map_insert_stamped_cpu);
   m.impl("id_map_lookup", &torchrec_ascend::id_map_lookup_cpu);
   m.impl("id_map_remove", &torchrec_ascend::id_map_remove_cpu);
   m.impl("id_map_export", &torchrec_ascend::id_map_export_cpu);
