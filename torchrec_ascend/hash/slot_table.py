@@ -184,45 +184,51 @@ class SlotTable(torch.nn.Module):
         unique, inverse, counts = ops.hash_unique(ids)
         slots_u = self.id_map.lookup(unique)
         hit = slots_u >= 0
-        self.counters["hits"] += int(counts[hit].sum())
+        # Positions, then index_select / index_copy_ / index_fill_: a boolean mask index is a nonzero per use, and an
+        # index_put of a scalar costs 4x an index_fill_ (this path runs per table per batch).
+        hit_pos, missing = hit.nonzero().squeeze(1), (~hit).nonzero().squeeze(1)
+        self.counters["hits"] += int(counts.index_select(0, hit_pos).sum())
         if not training and known is None:
-            self.counters["unknown_in_eval"] += int((~hit).sum())
-            return Assignment(slots=torch.where(hit, slots_u, self.default_slot)[inverse],
-                              default_used=not bool(hit.all()))
+            self.counters["unknown_in_eval"] += missing.numel()
+            return Assignment(slots=torch.where(hit, slots_u, self.default_slot).index_select(0, inverse),
+                              default_used=bool(missing.numel()))
 
         self.step += 1
-        hit_slots = slots_u[hit]
-        self.last_used[hit_slots] = self.step
-        missing = (~hit).nonzero().squeeze(1)
+        hit_slots = slots_u.index_select(0, hit_pos)
+        self.last_used.index_fill_(0, hit_slots, self.step)
+        missing_ids = unique.index_select(0, missing)
         if training:
-            admitted = self._admit(unique[missing], counts[missing], known, _select(signals, inverse, missing))
+            admitted = self._admit(missing_ids, counts.index_select(0, missing), known,
+                                   _select(signals, inverse, missing))
         else:  # eval with lower tiers: bring their rows in, insert nothing new
-            admitted = known(unique[missing])  # type: ignore[misc]  # not None: eval without it returned above
+            admitted = known(missing_ids)  # type: ignore[misc]  # not None: eval without it returned above
             self.counters["unknown_in_eval"] += int(missing.numel() - admitted.sum())
-        new_pos = missing[admitted]
-        new_ids = unique[new_pos]
+        new_pos = missing if bool(admitted.all()) else missing[admitted]
+        new_ids = unique.index_select(0, new_pos)
         if training:
             self.counters["rejected"] += int(missing.numel() - new_pos.numel())
 
         evicted_slots, evicted_ids = self._make_room(new_ids.numel(), on_evict)
         new_slots, _ = self.id_map.insert_or_lookup(new_ids)
-        self.slot_ids[new_slots] = new_ids
-        self.last_used[new_slots] = self.step
-        slots_u[new_pos] = new_slots
-        unset = slots_u < 0
-        slots_u[unset] = self.default_slot
+        self.slot_ids.index_copy_(0, new_slots, new_ids)
+        self.last_used.index_fill_(0, new_slots, self.step)
+        slots_u.index_copy_(0, new_pos, new_slots)
+        default_used = hit_pos.numel() + new_pos.numel() < unique.numel()
+        if default_used:
+            slots_u.masked_fill_(slots_u < 0, self.default_slot)
         self.counters["inserted"] += new_ids.numel()
         if self.eviction is not None:
-            self.eviction.on_insert(new_slots, new_ids, self.step, counts=counts[new_pos])
+            self.eviction.on_insert(new_slots, new_ids, self.step, counts=counts.index_select(0, new_pos))
             self.cadence.on_insert(new_slots, self.step)  # type: ignore[union-attr]  # cadence exists whenever eviction does
-            self.eviction.on_access(hit_slots, unique[hit], counts[hit], self.step)
+            self.eviction.on_access(hit_slots, unique.index_select(0, hit_pos), counts.index_select(0, hit_pos),
+                                    self.step)
         return Assignment(
-            slots=slots_u[inverse],
+            slots=slots_u.index_select(0, inverse),
             new_slots=new_slots,
             new_ids=new_ids,
             evicted_slots=evicted_slots,
             evicted_ids=evicted_ids,
-            default_used=bool(unset.any()),
+            default_used=default_used,
         )
 
     def pin(self, slots: torch.Tensor, delta: int = 1) -> None:
@@ -505,7 +511,7 @@ class SlotTable(torch.nn.Module):
         victims = torch.cat([expired, self.cadence.select(self.eviction, num, evictable, self.step)])
         if not victims.numel():
             return _EMPTY, _EMPTY
-        victim_ids = self.slot_ids[victims]
+        victim_ids = self.slot_ids.index_select(0, victims)
         if on_evict is not None:
             on_evict(victims, victim_ids)
         self.id_map.remove(victim_ids)
@@ -514,7 +520,7 @@ class SlotTable(torch.nn.Module):
         self.cadence.on_remove(victims)
         if self.admission is not None:
             self.admission.forget(victim_ids)
-        self.slot_ids[victims] = -1
+        self.slot_ids.index_fill_(0, victims, -1)
         self.counters["evicted"] += victims.numel()
         return victims, victim_ids
 

@@ -171,12 +171,13 @@ class HostStore:
         present = slots >= 0
         if bool(present.all()):
             self._rows.scatter(slots, rows)
-            self._stamp[slots] = self._clock
+            self._stamp.index_fill_(0, slots, self._clock)
         else:
-            hit_slots = slots[present]
-            self._place(keys[~present], rows[~present], protect=hit_slots, on_disk=False)
-            self._rows.scatter(hit_slots, rows[present])
-            self._stamp[hit_slots] = self._clock
+            hit, miss = present.nonzero().squeeze(1), (~present).nonzero().squeeze(1)
+            hit_slots = slots.index_select(0, hit)
+            self._place(keys.index_select(0, miss), rows.index_select(0, miss), protect=hit_slots, on_disk=False)
+            self._rows.scatter(hit_slots, rows.index_select(0, hit))
+            self._stamp.index_fill_(0, hit_slots, self._clock)
         self._version += 1
 
     def get(self, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +200,7 @@ class HostStore:
             self._counters["disk_reads"] += int(disk_found.sum())
             if self.promote and bool(disk_found.any()):
                 self._promote(keys[miss][disk_found], disk_rows[disk_found], protect=hit_slots)
-        self._stamp[hit_slots] = self._clock
+        self._stamp.index_fill_(0, hit_slots, self._clock)
         return rows, found
 
     def contains(self, keys: torch.Tensor) -> torch.Tensor:
@@ -226,14 +227,14 @@ class HostStore:
             found[miss] = disk_found
         self._counters["host_reads"] += host_keys.numel()
         self._counters["disk_reads"] += int(disk_found.sum())
-        self._stamp[self._index.remove(host_keys)] = FREE_STAMP
+        self._stamp.index_fill_(0, self._index.remove(host_keys), FREE_STAMP)
         self._version += 1
         return rows, found
 
     def remove(self, keys: torch.Tensor) -> None:
         """Forget keys in both tiers; absent keys and repeats are ignored."""
         keys = check_keys(keys, self.where)
-        self._stamp[self._index.remove(keys)] = FREE_STAMP
+        self._stamp.index_fill_(0, self._index.remove(keys), FREE_STAMP)
         if self.spill is not None:
             self.spill.remove(keys)
         self._version += 1
@@ -241,7 +242,7 @@ class HostStore:
     def clear(self) -> None:
         """Forget every row of both tiers (the disk store's files are deleted; host memory stays reserved)."""
         keys, _ = self._index.export()
-        self._stamp[self._index.remove(keys)] = FREE_STAMP
+        self._stamp.index_fill_(0, self._index.remove(keys), FREE_STAMP)
         if self.spill is not None:
             self.spill.clear()
         self._version += 1
@@ -404,7 +405,7 @@ class HostStore:
             slots = self._index.insert(keys[:keep])
             self._grow_storage()
             self._rows.scatter(slots, rows[:keep])
-            self._stamp[slots] = self._clock
+            self._stamp.index_fill_(0, slots, self._clock)
             if self.spill is not None:
                 self.spill.remove(keys[:keep])  # an older copy may sit on disk: each key lives in one tier
         return keep
