@@ -32,6 +32,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from dlrm_workload import (
+    MappingClock,
     Variant,
     Workload,
     add_workload_args,
@@ -91,14 +92,23 @@ def rank_main(a: argparse.Namespace) -> NoReturn:
                               get_default_sharders(), stock_batches, pg))
         variants.append(shard(f"hash {sharding_type}", build_dlrm(w, tables(w, hashed=True)), constraints,
                               get_default_hybrid_sharders(), hash_batches, pg))
-    time_interleaved(variants, a.runs, a.steps, a.warmup)
+    clocks = {v.name: MappingClock(v.model) for v in variants}
+    after_warmup = {}
+    time_interleaved(variants, a.runs, a.steps, a.warmup,
+                     between=lambda v: after_warmup.__setitem__(v.name, clocks[v.name].seconds))
     counters: List[Any] = [None] * pg.size()
-    dist.all_gather_object(counters, {v.name: hash_counters(v) for v in variants}, group=pg)
+    dist.all_gather_object(counters, {v.name: {**hash_counters(v), "mapping_s": clocks[v.name].seconds
+                                               - after_warmup[v.name], "seconds": sum(v.seconds)}
+                                      for v in variants}, group=pg)
     finish_rank(pg, a.out, {
         v.name: {
             "samples_per_s": samples_per_s(v, w, a.steps, pg.size()),
             "placement": v.placement,
-            "hash": {k: sum(c[v.name].get(k, 0) for c in counters) for k in counters[0][v.name]},
+            "hash": {k: sum(c[v.name].get(k, 0) for c in counters) for k in counters[0][v.name]
+                     if k not in ("mapping_s", "seconds")},
+            # the worse rank's seconds mapping IDs to rows during the timed runs, and its share of the wall time
+            "mapping_ms_per_step": 1e3 * max(c[v.name]["mapping_s"] for c in counters) / (a.runs * a.steps),
+            "mapping_share": max(c[v.name]["mapping_s"] / c[v.name]["seconds"] for c in counters),
         }
         for v in variants
     })
@@ -109,15 +119,18 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
     median = {name: statistics.median(m["samples_per_s"]) for name, m in measured.items()}
     print(f"{a.tables} tables x {a.rows} rows x dim {a.dim}, batch {a.batch}/rank, ~{a.bag} IDs/sample/table, "
           f"Zipf({a.alpha}) over {a.catalogue} keys; 2 ranks; {a.runs} runs x {a.steps} steps (medians)")
-    print(f"{'variant':<22}{'samples/s':>11}{'vs stock':>10}  runs")
+    print(f"{'variant':<22}{'samples/s':>11}{'vs stock':>10}{'ID mapping ms/step':>20}  runs")
     rows, targets, notes = [], [], []
     for sharding_type in a.sharding_types:
         stock, hashed = f"stock {sharding_type}", f"hash {sharding_type}"
         for name in (stock, hashed):
             ratio = paired_ratio(measured[name]["samples_per_s"], measured[stock]["samples_per_s"])
             runs = ", ".join(f"{r:.0f}" for r in measured[name]["samples_per_s"])
-            print(f"{name:<22}{median[name]:>11.0f}{ratio:>10.2f}  {runs}")
+            mapping = (f"{measured[name]['mapping_ms_per_step']:.2f} ({100 * measured[name]['mapping_share']:.1f}%)"
+                       if name == hashed else "-")
+            print(f"{name:<22}{median[name]:>11.0f}{ratio:>10.2f}{mapping:>20}  {runs}")
             rows.append({"variant": name, "samples/s": median[name], "vs stock": ratio,
+                         "ID mapping ms/step (% of step)": mapping,
                          "table -> ranks": placement(measured[name]["placement"]), "runs": runs})
         ratio = paired_ratio(measured[hashed]["samples_per_s"], measured[stock]["samples_per_s"])
         targets.append(target(f"hash / stock samples/s, {sharding_type}", ratio, ">=", TARGET))
@@ -135,7 +148,11 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
         rows=rows, targets=targets,
         notes=[f"{a.tables} tables x {a.rows} rows x dim {a.dim}; batch {a.batch} per rank; ~{a.bag} IDs per sample "
                f"and table; Zipf({a.alpha}) over {a.catalogue} keys; {a.runs} runs x {a.steps} steps after "
-               f"{a.warmup} warm-up steps; samples/s are global (both ranks)."] + notes,
+               f"{a.warmup} warm-up steps; samples/s are global (both ranks).",
+               "ID mapping: seconds in the hash kernels' IdMapper.map_on_host (raw IDs to rows: slot tables and "
+               "row initialisation) per step, the worse rank, and its share of that rank's wall time: the work a "
+               "hash step adds to a stock one (the raw IDs' bucketing costs about what stock bucketing does)."]
+              + notes,
     )
 
 

@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from bench_policies import OPTIONS, TimedPolicy
 from dlrm_workload import (
+    MappingClock,
     Variant,
     Workload,
     add_workload_args,
@@ -99,11 +100,12 @@ def time_policies(v: Variant) -> List[TimedPolicy]:
     return timers
 
 
-def snapshot(v: Variant, timers: List[TimedPolicy]) -> Dict[str, float]:
-    """This rank's cumulative cache counters (summed over tables) and seconds spent in the policy."""
+def snapshot(v: Variant, timers: List[TimedPolicy], clock: MappingClock) -> Dict[str, float]:
+    """This rank's cumulative cache counters (summed over tables) and seconds spent in the policy and mapping IDs."""
     metrics = cache_metrics(v.model).values()
     totals = {k: float(sum(m[k] for m in metrics)) for k in COUNTERS}
     totals["policy_s"] = sum(sum(t.per_step.values()) for t in timers)
+    totals["mapping_s"] = clock.seconds
     totals["cache_rows"] = float(sum(m["cache_rows"] for m in metrics))
     return totals
 
@@ -131,15 +133,16 @@ def rank_main(a: argparse.Namespace) -> NoReturn:
                   table_constraints(w, a.sharding_type, "key_value", load_factors), sharders, batches, pg)
         timers[v.name] = time_policies(v)
         variants.append(v)
+    clocks = {v.name: MappingClock(v.model) for v in variants}
     before: Dict[str, Dict[str, float]] = {}
 
     def after_warmup(v: Variant) -> None:
-        before[v.name] = snapshot(v, timers.get(v.name, []))
+        before[v.name] = snapshot(v, timers.get(v.name, []), clocks[v.name])
 
     time_interleaved(variants, a.runs, a.steps, a.warmup, between=after_warmup)
     local = {}
     for v in variants:
-        after = snapshot(v, timers.get(v.name, []))
+        after = snapshot(v, timers.get(v.name, []), clocks[v.name])
         local[v.name] = {k: after[k] - before[v.name][k] for k in after}
         local[v.name]["cache_rows"] = after["cache_rows"]
         local[v.name]["seconds"] = sum(v.seconds)
@@ -173,13 +176,17 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
                      f"{100 * a.cache_fraction:g}% asked: the kernel did not apply CacheParams(load_factor=...)")
         print(notes[-1])
     print(setting)
-    print(f"{'model':<22}{'samples/s':>11}{'vs FUSED':>10}{'hit rate':>10}{'in/step':>9}{'policy ms/step':>16}"
-          f"{'policy share':>14}")
+    print(f"{'model':<22}{'samples/s':>11}{'vs FUSED':>10}{'mapping ms/step':>17}{'hit rate':>10}{'in/step':>9}"
+          f"{'policy ms/step':>16}{'policy share':>14}")
     rows, targets = [], []
     for name, m in variants.items():
-        row: Dict[str, Any] = {"model": name, "samples/s": median[name], "vs FUSED": ratio[name]}
+        per_rank = m["per_rank"]
+        # The worse rank's seconds mapping IDs to rows (slot tables, policies, swaps) per step, and their share.
+        mapping = (f"{1e3 * max(r['mapping_s'] for r in per_rank) / steps:.2f} "
+                   f"({100 * max(r['mapping_s'] / r['seconds'] for r in per_rank):.0f}%)")
+        row: Dict[str, Any] = {"model": name, "samples/s": median[name], "vs FUSED": ratio[name],
+                               "ID mapping ms/step (% of step)": mapping}
         if name != "FUSED":
-            per_rank = m["per_rank"]
             total = {k: sum(r[k] for r in per_rank) for k in COUNTERS}
             # A rank's policy share: its seconds in the policy over its wall seconds; the worse rank is reported.
             share = 100 * max(r["policy_s"] / r["seconds"] for r in per_rank)
@@ -193,7 +200,7 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
                                   POLICY_SHARE_TARGET))
         row["runs"] = ", ".join(f"{r:.0f}" for r in m["samples_per_s"])
         rows.append(row)
-        print(f"{name:<22}{row['samples/s']:>11.0f}{row['vs FUSED']:>10.2f}" + (
+        print(f"{name:<22}{row['samples/s']:>11.0f}{row['vs FUSED']:>10.2f}{mapping:>17}" + (
             f"{row['hit rate']:>10.3f}{row['swapped in/step']:>9.0f}{row['policy ms/step']:>16.2f}"
             f"{row['policy % of step']:>13.1f}%" if name != "FUSED" else ""))
     default = f"KEY_VALUE {a.policies[0]}"
@@ -206,7 +213,9 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
         rows=rows, targets=targets,
         notes=notes + ["hit rate: cache hits / lookups over the timed steps, every ID occurrence counted; in/step: "
                "rows swapped into the caches per step (both ranks); policy: seconds inside the eviction policy's "
-               "methods (the worse rank) per step and as a share of its wall time."],
+               "methods (the worse rank) per step and as a share of its wall time; ID mapping: seconds in the "
+               "kernels' IdMapper.map_on_host (slot tables, policies, and for KEY_VALUE the swaps with the host "
+               "store, policy time included) the same way: the gap to FUSED is mostly this."],
     )
 
 
