@@ -98,15 +98,18 @@ def trains(config: GroupedEmbeddingConfig, device: Optional[torch.device]) -> bo
 
 
 def step_counter(kernel: Any) -> Optional[torch.Tensor]:
-    """The step counter (fbgemm's ``iter`` buffer) of a kernel this module's Adam trains, else None: checkpoints
-    carry it, or bias correction would start over after a load.
+    """The step counter (fbgemm's ``iter`` buffer) of a kernel this module's Adam trains or whose BF16 weights it
+    rounds stochastically, else None: checkpoints carry it, or bias correction (and the rounding noise) would start
+    over after a load.
 
     Example::
 
         step_counter(kernel)   # tensor([12]) after 12 training lookups with ADAM
     """
     tbe = TBE(kernel)
-    if optimizer_name(tbe.config.fused_params) not in ADAM:
+    lookup = getattr(tbe.module.forward, "__self__", None)  # this module's lookup where it trains (install_on_tbe)
+    stochastic = isinstance(lookup, _FusedLookup) and lookup.stochastic
+    if optimizer_name(tbe.config.fused_params) not in ADAM and not stochastic:
         return None
     return getattr(tbe.module, "iter", None)
 
@@ -257,6 +260,10 @@ class _FusedLookup:
     Args:
         emb: fbgemm's ``SplitTableBatchedEmbeddingBagsCodegen`` (an Adam's carrier-built, its states installed).
         name: the fused optimizer's fbgemm name (a key of :data:`STATES`).
+
+    Attributes:
+        stochastic: BF16 weights rounded stochastically; the noise is drawn per step of fbgemm's ``iter``, which
+            then counts training lookups as an Adam's does (and checkpoints carry it, see :func:`step_counter`).
     """
 
     def __init__(self, emb: Any, name: str) -> None:
@@ -267,7 +274,6 @@ class _FusedLookup:
         self.name = name
         self._trained_with = emb.optimizer
         self._carrier = EmbOptimType.EXACT_SGD  # an Adam's forward dispatches on it: the carrier takes no state
-        self._stateful_step = name in ADAM  # fbgemm's Adam counts steps in its forward
         self._pooled = emb.pooling_mode != PoolingMode.NONE
         self._mean = emb.pooling_mode == PoolingMode.MEAN
         self._output_dtype = SparseType.from_int(emb.output_dtype).as_dtype()
@@ -279,6 +285,10 @@ class _FusedLookup:
         # The TBE never reallocates its weights or states: their flat buffers are taken once.
         self._flats = {p: _flat(emb, p) for p in phys}
         self._own_forward = self._flats["weights"].dtype == torch.bfloat16  # fbgemm's CPU TBE has none
+        # Stochastic rounding's noise is drawn for the step the TBE counts: checkpoints carry the counter, so a
+        # restored model rounds on exactly as the saved one would have.
+        self.stochastic = self._own_forward and bool(emb.stochastic_rounding)
+        self._stateful_step = name in ADAM or self.stochastic  # fbgemm's Adam counts steps in its forward
         dims = torch.tensor([spec[1] for spec in emb.embedding_specs], dtype=torch.int64)
         self._max_d = int(dims.max())
         self._dims = dims[table_of_feature].tolist()  # per feature, on the host (variable batches' layout)
@@ -286,7 +296,6 @@ class _FusedLookup:
         self._feature_offsets = {p: to_device(off[table_of_feature], device) for p, off in phys.items()}
         self._d_offsets = to_device(to_host(emb.D_offsets).long(), device)  # per feature, in the output
         self._total_d = int(emb.D_offsets[-1])
-        self._rounds = torch.zeros(1, dtype=torch.int64, device=device)  # BF16 updates stored: the noise's round
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor] = None,
                 feature_requires_grad: Optional[torch.Tensor] = None,
@@ -452,7 +461,7 @@ class _FusedLookup:
             w_new = w - (lr / (torch.sqrt(m) + eps)).unsqueeze(1) * g  # no decay: check_hyper_parameters
         else:
             w_new = self._adam(states, w, g, occ.valid, dim, step)
-        self._write_weights(occ.w_pos, w_new, leader)
+        self._write_weights(occ.w_pos, w_new, leader, step)
 
     def _adam(self, states: Dict[str, torch.Tensor], w: torch.Tensor, g: torch.Tensor, valid: torch.Tensor,
               dim: torch.Tensor, step: Optional[torch.Tensor]) -> torch.Tensor:
@@ -474,13 +483,14 @@ class _FusedLookup:
         m2.index_put_((states["momentum2"],), v_stored)
         return w - lr * ((m / correction1) / (torch.sqrt(v / correction2) + eps) + decay * w)
 
-    def _write_weights(self, w_pos: torch.Tensor, values: torch.Tensor, leader: torch.Tensor) -> None:
+    def _write_weights(self, w_pos: torch.Tensor, values: torch.Tensor, leader: torch.Tensor,
+                       step: Optional[torch.Tensor]) -> None:
         """Store FP32 ``values`` at ``w_pos`` in the weights' precision (BF16: stochastically when the TBE says, the
-        noise a hash of each row's first occurrence ``leader`` in the batch, its column and the round)."""
+        noise a hash of each row's first occurrence ``leader`` in the batch, its column and the lookup's ``step``)."""
         weights = self._flats["weights"]
-        if weights.dtype == torch.bfloat16 and self._emb.stochastic_rounding:
-            self._rounds.add_(1)
-            values = stochastic_bf16(values, rounding_noise(leader, values.shape[1], self._rounds))
+        if self.stochastic:
+            assert step is not None  # the forward saves it whenever rounding is stochastic
+            values = stochastic_bf16(values, rounding_noise(leader, values.shape[1], step))
         weights.index_put_((w_pos,), values.to(weights.dtype))
 
 
