@@ -89,9 +89,10 @@ def crc32(data: memoryview) -> int:
 class ArrayFileWriter:
     """Writes numpy arrays into one data file, atomically: nothing appears under ``path`` before :meth:`commit`.
 
-    Each array is written by a writer thread while the caller makes the next one (a save reads, checks and copies
-    rows while the previous block goes to the disk): one write is in flight at a time, and an array must not change
-    after :meth:`add` until the next :meth:`add` or :meth:`commit` returns.
+    Each array is checksummed and written by a writer thread while the caller makes the next one (a save reads,
+    checks and copies rows while the previous block is summed and goes to the disk): one write is in flight at a
+    time, and an array must not change after :meth:`add` until the next :meth:`add` or :meth:`commit` returns, which
+    also completes its entry (its ``crc32``).
 
     Args:
         path: the final file name (its directory must exist).
@@ -119,7 +120,8 @@ class ArrayFileWriter:
         self._written_back = 0  # the bytes before this offset are being written to the disk already (writer thread)
         self._committed = False
         self._writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
-        self._in_flight: Optional[concurrent.futures.Future] = None
+        # The write in flight, and the entry its checksum completes.
+        self._in_flight: Optional[Tuple[concurrent.futures.Future, Dict[str, Any]]] = None
 
     def __enter__(self) -> "ArrayFileWriter":
         return self
@@ -129,7 +131,8 @@ class ArrayFileWriter:
             self.abort()
 
     def add(self, array: np.ndarray) -> Dict[str, Any]:
-        """Append ``array``; returns its metadata entry (``offset``, ``nbytes``, ``dtype``, ``shape``, ``crc32``).
+        """Append ``array``; returns its metadata entry (``offset``, ``nbytes``, ``dtype``, ``shape``, and ``crc32``
+        once the next :meth:`add` or :meth:`commit` returns).
 
         Raises:
             StorageError: a non-numeric dtype, or a write failed (disk full...): this array's or the previous one's.
@@ -141,22 +144,19 @@ class ArrayFileWriter:
         padding = -self._offset % ALIGN if len(data) else 0
         self._finish_write()
         end = self._offset + padding + len(data)
-        self._in_flight = self._writer.submit(self._write, padding, data, end)
-        entry = {
-            "offset": self._offset + padding,
-            "nbytes": len(data),
-            "dtype": array.dtype.str,
-            "shape": list(array.shape),
-            "crc32": crc32(data),  # while the writer thread writes the same bytes
-        }
+        entry = {"offset": self._offset + padding, "nbytes": len(data), "dtype": array.dtype.str,
+                 "shape": list(array.shape), "crc32": None}
+        self._in_flight = (self._writer.submit(self._write, padding, data, end), entry)
         self._offset = end
         return entry
 
-    def _write(self, padding: int, data: memoryview, end: int) -> None:
-        """(Writer thread.) Append ``padding`` zero bytes and ``data``, which end at offset ``end``."""
+    def _write(self, padding: int, data: memoryview, end: int) -> int:
+        """(Writer thread.) Append ``padding`` zero bytes and ``data``, which end at offset ``end``; returns the
+        CRC-32 of ``data`` (summed here, beside the caller's work: zlib releases the GIL)."""
         self._file.write(b"\0" * padding)
         self._file.write(data)
         self._write_back(end)
+        return crc32(data)
 
     def _finish_write(self) -> None:
         """Wait for the write in flight.
@@ -167,8 +167,9 @@ class ArrayFileWriter:
         in_flight, self._in_flight = self._in_flight, None
         if in_flight is None:
             return
+        write, entry = in_flight
         try:
-            in_flight.result()
+            entry["crc32"] = write.result()
         except OSError as error:
             raise StorageError(f"checkpoint file '{self.path}': write failed: {error}") from error
 
