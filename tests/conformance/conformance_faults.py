@@ -53,8 +53,8 @@ Faults of the documented bad-input errors (the errors check):
 * ``full_table_silent``: a full table with ``overflow="error"`` raises nothing: the batch reads the reserved row.
 * ``negative_id_unchecked``: the sharded kernels' ID mapper no longer checks IDs, so a negative one reaches the
   native ID map, whose error names neither the table nor the feature.
-* ``small_cache_silent``: a KEY_VALUE batch with more distinct rows than the cache holds is not refused: the cache
-  makes what room it can and the new IDs that find no row read the reserved one.
+* ``small_cache_silent``: a KEY_VALUE batch with more distinct rows than the cache holds is not refused: the IDs
+  that fit get rows (the batch's first ones) and the others read the reserved row.
 * ``policy_no_suggestion``: an unknown policy name or option is refused without the closest name.
 * ``path_escape_accepted``: a checkpoint's metadata may name a file outside its folder (``../elsewhere/...``): the
   name is joined as it is.
@@ -627,21 +627,32 @@ def _negative_id_unchecked_patch() -> None:
 
 def _small_cache_silent_patch() -> None:
     from torchrec_ascend.errors import CapacityError
-    from torchrec_ascend.hash.slot_table import SlotTable
+    from torchrec_ascend.hash.slot_table import Assignment, SlotTable
 
-    original = SlotTable._make_room
+    original = SlotTable.assign
 
-    def make_room(self: Any, needed: int, on_evict: Any) -> Any:
+    def assign(self: Any, ids: Any, training: bool, known: Any = None, signals: Any = None,
+               on_evict: Any = None) -> Any:
         try:
-            return original(self, needed, on_evict)
+            return original(self, ids, training, known, signals, on_evict)
         except CapacityError:
-            if self.overflow == "error":
+            if self.overflow == "error" or signals:
                 raise
-            # room for what fits; the rest of the batch's new IDs find no row and read the reserved one
-            evictable = (self.last_used <= self.step - self.window) & (self.slot_ids >= 0) & (self.pins == 0)
-            return original(self, min(needed, self.capacity - len(self.id_map) + int(evictable.sum())), on_evict)
+        # room for what fits: the batch's first IDs get rows (halving until they fit), the rest read the reserved row
+        fits = ids.numel()
+        while True:
+            fits //= 2
+            try:
+                head = original(self, ids[:fits], training, known, None, on_evict)
+                break
+            except CapacityError:
+                continue
+        slots = torch.full_like(ids, self.default_slot)
+        slots[:fits] = head.slots
+        return Assignment(slots=slots, new_slots=head.new_slots, new_ids=head.new_ids,
+                          evicted_slots=head.evicted_slots, evicted_ids=head.evicted_ids)
 
-    _replace(SlotTable, "_make_room", make_room)
+    _replace(SlotTable, "assign", assign)
 
 
 def _policy_no_suggestion_patch() -> None:
@@ -887,8 +898,8 @@ def _bf16_noise_by_slot_patch() -> None:
 
     original = _FusedLookup._write_weights
 
-    def write_weights(self: Any, w_pos: Any, values: Any, leader: Any) -> None:
-        original(self, w_pos, values, w_pos[:, 0])  # the noise follows the slot
+    def write_weights(self: Any, w_pos: Any, values: Any, leader: Any, step: Any) -> None:
+        original(self, w_pos, values, w_pos[:, 0], step)  # the noise follows the slot
 
     _replace(_FusedLookup, "_write_weights", write_weights)
 
