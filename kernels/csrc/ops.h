@@ -56,12 +56,29 @@ at::Tensor key_index_insert_cpu(
     const at::Tensor& slots,
     double max_load,
     double low_load);
-at::Tensor key_index_remove_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> key_index_upsert_cpu(
+    const at::Tensor& buckets,
+    const at::Tensor& sizes,
+    const at::Tensor& live,
+    const at::Tensor& used,
+    const at::Tensor& key_column,
+    const at::Tensor& free_slots,
+    const at::Tensor& counts,
+    const at::Tensor& stamps,
+    const at::Tensor& keys,
+    int64_t stamp,
+    double max_load,
+    double low_load);
+std::tuple<at::Tensor, at::Tensor> key_index_pop_cpu(
     const at::Tensor& buckets,
     const at::Tensor& sizes,
     const at::Tensor& live,
     const at::Tensor& key_column,
-    const at::Tensor& keys);
+    const at::Tensor& free_slots,
+    const at::Tensor& counts,
+    const at::Tensor& stamps,
+    const at::Tensor& keys,
+    int64_t free_stamp);
 at::Tensor fingerprint_find_cpu(
     const at::Tensor& buckets,
     const at::Tensor& sizes,

@@ -29,9 +29,17 @@ TORCH_LIBRARY(torchrec_ascend, m) {
   m.def(
       "key_index_insert(Tensor(a!) buckets, Tensor(b!) sizes, Tensor(c!) live, Tensor(d!) used, Tensor key_column,"
       " Tensor slots, float max_load, float low_load) -> Tensor");
+  // The host store's put and pop, with its slot state: free_slots int32[max_slots] (a stack), counts int64[3] (free,
+  // handed out, most free), stamps int32[>= max_slots] (per-slot LRU stamps; may be empty for pop). Upsert returns the
+  // slots and positions of each distinct key's last occurrence and the insert's int64 scalar (nothing changed unless
+  // -1); pop returns the slot of every key (-1 absent) and the slots it freed.
   m.def(
-      "key_index_remove(Tensor(a!) buckets, Tensor sizes, Tensor(b!) live, Tensor key_column, Tensor keys)"
-      " -> Tensor");
+      "key_index_upsert(Tensor(a!) buckets, Tensor(b!) sizes, Tensor(c!) live, Tensor(d!) used,"
+      " Tensor(e!) key_column, Tensor free_slots, Tensor(f!) counts, Tensor(g!) stamps, Tensor keys, int stamp,"
+      " float max_load, float low_load) -> (Tensor slots, Tensor positions, Tensor full)");
+  m.def(
+      "key_index_pop(Tensor(a!) buckets, Tensor sizes, Tensor(b!) live, Tensor key_column, Tensor(c!) free_slots,"
+      " Tensor(d!) counts, Tensor(e!) stamps, Tensor keys, int free_stamp) -> (Tensor slots, Tensor freed)");
   m.def(
       "fingerprint_find(Tensor buckets, Tensor sizes, Tensor part, Tensor fingerprints, Tensor after,"
       " int fingerprint_bits) -> Tensor");

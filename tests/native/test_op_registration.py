@@ -31,8 +31,12 @@ SCHEMAS = {
     "Tensor keys) -> Tensor",
     "key_index_insert": "torchrec_ascend::key_index_insert(Tensor(a!) buckets, Tensor(b!) sizes, Tensor(c!) live, "
     "Tensor(d!) used, Tensor key_column, Tensor slots, float max_load, float low_load) -> Tensor",
-    "key_index_remove": "torchrec_ascend::key_index_remove(Tensor(a!) buckets, Tensor sizes, Tensor(b!) live, "
-    "Tensor key_column, Tensor keys) -> Tensor",
+    "key_index_upsert": "torchrec_ascend::key_index_upsert(Tensor(a!) buckets, Tensor(b!) sizes, Tensor(c!) live, "
+    "Tensor(d!) used, Tensor(e!) key_column, Tensor free_slots, Tensor(f!) counts, Tensor(g!) stamps, Tensor keys, "
+    "int stamp, float max_load, float low_load) -> (Tensor slots, Tensor positions, Tensor full)",
+    "key_index_pop": "torchrec_ascend::key_index_pop(Tensor(a!) buckets, Tensor sizes, Tensor(b!) live, "
+    "Tensor key_column, Tensor(c!) free_slots, Tensor(d!) counts, Tensor(e!) stamps, Tensor keys, int free_stamp) "
+    "-> (Tensor slots, Tensor freed)",
     "fingerprint_find": "torchrec_ascend::fingerprint_find(Tensor buckets, Tensor sizes, Tensor part, "
     "Tensor fingerprints, Tensor after, int fingerprint_bits) -> Tensor",
     "fingerprint_insert": "torchrec_ascend::fingerprint_insert(Tensor(a!) buckets, Tensor(b!) sizes, "
@@ -70,11 +74,12 @@ def filled_state():
 
 
 def key_index_state():
-    """A host-tier key index holding keys 20 and 30 (slots 0, 1) with key 10 removed: its state tensors, cloned."""
+    """A host-tier key index holding keys 20 and 30 (slots 1, 2) with key 10 removed (slot 0 free): its table state,
+    key column and slot state (free stack, counts), cloned."""
     index = KeyIndex(max_capacity=64)
     index.insert(torch.tensor([10, 20, 30]))
     index.remove(torch.tensor([10]))
-    return [t.clone() for t in index._table.state], index._key_column.clone()
+    return [t.clone() for t in index._table.state], index._key_column.clone(), [t.clone() for t in index._slot_state]
 
 
 def fingerprint_state():
@@ -97,13 +102,17 @@ def records_fd():
 def opcheck_cases(records_fd):
     ids = torch.tensor([20, 5, 20, 7, 30])
     lengths = torch.tensor([2, 0, 3], dtype=torch.int32)
-    (buckets, sizes, live, used), key_column = key_index_state()
-    key_column[2] = 5
+    (buckets, sizes, live, used), key_column, (free_slots, counts) = key_index_state()
+    stamps = torch.zeros(64, dtype=torch.int32)
+    insert_column = key_column.clone()
+    insert_column[3] = 5
     fingerprints = fingerprint_state()
     return {
         "key_index_lookup": (buckets, sizes, key_column, ids),
-        "key_index_insert": (buckets, sizes, live, used, key_column, torch.tensor([2]), MAX_LOAD, LOW_LOAD),
-        "key_index_remove": (buckets, sizes, live, key_column, ids),
+        "key_index_insert": (buckets, sizes, live, used, insert_column, torch.tensor([3]), MAX_LOAD, LOW_LOAD),
+        "key_index_upsert": (buckets, sizes, live, used, key_column, free_slots, counts, stamps, ids, 3, MAX_LOAD,
+                             LOW_LOAD),
+        "key_index_pop": (buckets, sizes, live, key_column, free_slots, counts, stamps, ids, 2**31 - 1),
         "fingerprint_find": (fingerprints[0], fingerprints[1], torch.tensor([0, 1, 1]), torch.tensor([5, 9, 4]),
                              torch.tensor([-1, -1, -1]), 28),
         "fingerprint_insert": (*fingerprints, torch.tensor([1]), torch.tensor([11 << 36 | 4]), 28, MAX_LOAD,

@@ -51,7 +51,8 @@ __all__ = [
     "fingerprint_insert",
     "key_index_insert",
     "key_index_lookup",
-    "key_index_remove",
+    "key_index_pop",
+    "key_index_upsert",
     "read_records",
     "select_lowest",
 ]
@@ -376,19 +377,85 @@ def key_index_insert(
     return int(_ops.key_index_insert(buckets, sizes, live, used, key_column, slots, max_load, low_load))
 
 
-def key_index_remove(
-    buckets: torch.Tensor, sizes: torch.Tensor, live: torch.Tensor, key_column: torch.Tensor, keys: torch.Tensor
-) -> torch.Tensor:
-    """Turn the buckets of the keys found into tombstones; absent keys and repeats are skipped.
+def key_index_upsert(
+    buckets: torch.Tensor,
+    sizes: torch.Tensor,
+    live: torch.Tensor,
+    used: torch.Tensor,
+    key_column: torch.Tensor,
+    free_slots: torch.Tensor,
+    counts: torch.Tensor,
+    stamps: torch.Tensor,
+    keys: torch.Tensor,
+    stamp: int,
+    max_load: float,
+    low_load: float,
+) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """The host store's put in one pass: the slot of every key, indexing the absent ones, each slot stamped.
+
+    Absent keys take slots in order of first occurrence: the top of ``free_slots`` first (``counts[0]`` entries),
+    then fresh slots from ``counts[1]`` on; their keys are written to ``key_column``. Partitions are rebuilt first as
+    :func:`key_index_insert` does, for the absent keys.
+
+    Args:
+        buckets, sizes, live, used (Tensor): the index state, mutated.
+        key_column (Tensor): int64 ``[max_slots]``, slot -> key, mutated.
+        free_slots (Tensor): int32 ``[max_slots]``, a stack of freed slots.
+        counts (Tensor): int64 ``[3]``: slots on the stack, slots handed out, the most slots the stack has held.
+        stamps (Tensor): int32, at least ``[max_slots]``, non-negative; every slot returned gets ``stamp``.
+        keys (Tensor): int64 ``[n]``, repeats allowed.
+        stamp (int): in ``[0, 2**31 - 1]``; no slot's stamp may equal it before the call.
+        max_load, low_load (float): as :func:`key_index_insert`.
 
     Returns:
-        Tensor: int64 ``[m]``, the freed slots in order of the keys' first occurrence.
+        Tuple[Tensor, Tensor, int]: per distinct key, its slot and the position of its last occurrence in ``keys``
+        (in order of first occurrence: without repeats the positions are ``0 .. n-1``), and ``-1``; or two empty
+        tensors and the first partition that would need more than ``stride`` buckets (nothing changed).
+
+    Raises:
+        RuntimeError: more keys are absent than slots are left (nothing changed): the caller makes room first.
 
     Example::
 
-        freed = key_index_remove(buckets, sizes, live, key_column, torch.tensor([7, 7, 9]))
+        slots, positions, full = key_index_upsert(*state, key_column, free, counts, stamps, keys, 7, 0.8, 0.8 / 1.3)
+        rows_of_slots.index_copy_(0, slots, rows.index_select(0, positions))
     """
-    return _ops.key_index_remove(buckets, sizes, live, key_column, keys)
+    slots, positions, full = _ops.key_index_upsert(
+        buckets, sizes, live, used, key_column, free_slots, counts, stamps, keys, stamp, max_load, low_load
+    )
+    return slots, positions, int(full)
+
+
+def key_index_pop(
+    buckets: torch.Tensor,
+    sizes: torch.Tensor,
+    live: torch.Tensor,
+    key_column: torch.Tensor,
+    free_slots: torch.Tensor,
+    counts: torch.Tensor,
+    stamps: torch.Tensor,
+    keys: torch.Tensor,
+    free_stamp: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Find and remove keys in one pass: their buckets become tombstones, their slots go on the free stack.
+
+    Args:
+        buckets, sizes, live, key_column (Tensor): the index state (``buckets`` and ``live`` mutated).
+        free_slots, counts (Tensor): as :func:`key_index_upsert`, mutated (freed slots are pushed in order).
+        stamps (Tensor): int32 ``[>= max_slots]``: every freed slot gets ``free_stamp``; or empty (none kept).
+        keys (Tensor): int64 ``[n]``, repeats allowed.
+        free_stamp (int): an int32.
+
+    Returns:
+        Tuple[Tensor, Tensor]: the slot of every key (``-1`` where absent; a repeat gets the same slot), and the
+        slots freed, one per distinct key found, in order of first occurrence. The freed slots' data stays until a
+        later call hands them out again.
+
+    Example::
+
+        slots, freed = key_index_pop(buckets, sizes, live, key_column, free, counts, stamps, keys, 2**31 - 1)
+    """
+    return _ops.key_index_pop(buckets, sizes, live, key_column, free_slots, counts, stamps, keys, free_stamp)
 
 
 def fingerprint_find(
@@ -590,11 +657,38 @@ def _key_index_insert_fake(
     return sizes.new_empty(())
 
 
-@torch.library.register_fake("torchrec_ascend::key_index_remove")
-def _key_index_remove_fake(
-    buckets: torch.Tensor, sizes: torch.Tensor, live: torch.Tensor, key_column: torch.Tensor, keys: torch.Tensor
-) -> torch.Tensor:
-    return keys.new_empty(torch.library.get_ctx().new_dynamic_size())
+@torch.library.register_fake("torchrec_ascend::key_index_upsert")
+def _key_index_upsert_fake(
+    buckets: torch.Tensor,
+    sizes: torch.Tensor,
+    live: torch.Tensor,
+    used: torch.Tensor,
+    key_column: torch.Tensor,
+    free_slots: torch.Tensor,
+    counts: torch.Tensor,
+    stamps: torch.Tensor,
+    keys: torch.Tensor,
+    stamp: int,
+    max_load: float,
+    low_load: float,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    distinct = torch.library.get_ctx().new_dynamic_size()
+    return keys.new_empty(distinct), keys.new_empty(distinct), sizes.new_empty(())
+
+
+@torch.library.register_fake("torchrec_ascend::key_index_pop")
+def _key_index_pop_fake(
+    buckets: torch.Tensor,
+    sizes: torch.Tensor,
+    live: torch.Tensor,
+    key_column: torch.Tensor,
+    free_slots: torch.Tensor,
+    counts: torch.Tensor,
+    stamps: torch.Tensor,
+    keys: torch.Tensor,
+    free_stamp: int,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(keys), keys.new_empty(torch.library.get_ctx().new_dynamic_size())
 
 
 @torch.library.register_fake("torchrec_ascend::fingerprint_find")

@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <limits>
+#include <tuple>
 #include <vector>
 
 #include "../ops.h"
@@ -63,7 +65,34 @@ void check_key_column(const at::Tensor& key_column, const char* op) {
   TORCH_CHECK_VALUE(key_column.is_contiguous(), op, ": `key_column` must be contiguous");
 }
 
-// Partition and home of each key of the host index (homes at the current sizes).
+// The host index's slot state: free_slots int32 [max_slots] (a stack), counts int64 [3] (slots on the stack, slots
+// handed out, the most slots the stack has held), stamps int32 [max_slots] or empty (no per-slot stamps).
+void check_slot_state(
+    const at::Tensor& free_slots, const at::Tensor& counts, const at::Tensor& stamps, const at::Tensor& key_column,
+    const char* op) {
+  const int64_t slots = key_column.numel();
+  TORCH_CHECK_VALUE(
+      free_slots.dim() == 1 && free_slots.scalar_type() == at::kInt && free_slots.is_contiguous() &&
+          free_slots.numel() == slots,
+      op, ": `free_slots` must be a contiguous int32 [", slots, "] tensor like `key_column`, got ",
+      free_slots.scalar_type(), " ", free_slots.sizes());
+  TORCH_CHECK_VALUE(
+      counts.dim() == 1 && counts.scalar_type() == at::kLong && counts.is_contiguous() && counts.numel() == 3, op,
+      ": `counts` must be a contiguous int64 [3] tensor (free, handed out, most free), got ", counts.scalar_type(), " ",
+      counts.sizes());
+  TORCH_CHECK_VALUE(
+      stamps.dim() == 1 && stamps.scalar_type() == at::kInt && stamps.is_contiguous() &&
+          (stamps.numel() == 0 || stamps.numel() >= slots),
+      op, ": `stamps` must be a contiguous int32 tensor of at least ", slots, " elements (or empty), got ",
+      stamps.scalar_type(), " ", stamps.sizes());
+  const int64_t* count = counts.data_ptr<int64_t>();
+  TORCH_CHECK(
+      0 <= count[0] && count[0] <= count[1] && count[1] <= slots && count[0] <= count[2] && count[2] <= slots, op,
+      ": counts (", count[0], ", ", count[1], ", ", count[2], ") are not free <= handed out <= ", slots,
+      " and free <= most free <= ", slots, "; the index state is corrupted");
+}
+
+// Partition and home of each key of the host index// Partition and home of each key of the host index (homes at the current sizes).
 struct Placement {
   std::vector<int64_t> part;
   std::vector<int64_t> home;
@@ -203,32 +232,159 @@ at::Tensor key_index_insert_cpu(
   return at::scalar_tensor(-1, sizes.options());
 }
 
-at::Tensor key_index_remove_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> key_index_upsert_cpu(
+    const at::Tensor& buckets,
+    const at::Tensor& sizes,
+    const at::Tensor& live,
+    const at::Tensor& used,
+    const at::Tensor& key_column,
+    const at::Tensor& free_slots,
+    const at::Tensor& counts,
+    const at::Tensor& stamps,
+    const at::Tensor& keys_arg,
+    int64_t stamp,
+    double max_load,
+    double low_load) {
+  constexpr const char* op = "key_index_upsert";
+  check_index_state(buckets, at::kInt, sizes, {&live, &used}, op);
+  check_key_column(key_column, op);
+  check_slot_state(free_slots, counts, stamps, key_column, op);
+  check_1d_int64(keys_arg, op, "keys");
+  TORCH_CHECK_VALUE(stamps.numel() > 0, op, ": `stamps` must not be empty: every slot put is stamped");
+  TORCH_CHECK_VALUE(
+      0 <= stamp && stamp <= std::numeric_limits<int32_t>::max(), op, ": stamp must be in [0, 2**31 - 1], got ",
+      stamp);
+  const at::Tensor keys = keys_arg.contiguous();
+  const int64_t n = keys.numel();
+  const int64_t* in = keys.data_ptr<int64_t>();
+  int64_t* key = key_column.data_ptr<int64_t>();
+  const int64_t key_len = key_column.numel();
+  const int32_t* stack = free_slots.data_ptr<int32_t>();
+  int64_t* count = counts.data_ptr<int64_t>();
+  int32_t* mark = stamps.data_ptr<int32_t>();
+  OpenTable<uint32_t> table(buckets, sizes, &live, &used);
+  const uint64_t mask = static_cast<uint64_t>(table.partitions() - 1);
+
+  // Most calls index every key in one pass: when even all of them (an upper bound of the absent ones) fit without a
+  // rebuild. Otherwise a first pass (changing nothing) finds the keys present, so that partitions are rebuilt for
+  // the absent keys only (a rebuild for keys already there would grow past the memory the owner budgets).
+  std::vector<int64_t> incoming(table.partitions(), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    incoming[index_hash(in[i]) & mask] += 1;
+  }
+  const int64_t slots_left = count[0] + key_len - count[1];
+  const bool two_pass = n > slots_left || table.needs_room(incoming, max_load);
+  std::vector<int64_t> found(two_pass ? n : 0);
+  if (two_pass) {
+    std::fill(incoming.begin(), incoming.end(), 0);
+    int64_t absent = 0;
+    for_each_found(table, key, key_len, in, n, op, [&](int64_t i, int64_t b) {
+      found[i] = b < 0 ? -1 : static_cast<int64_t>(table.at(b)) - 1;
+      if (b < 0) {
+        incoming[index_hash(in[i]) & mask] += 1;
+        ++absent;
+      }
+    });
+    TORCH_CHECK(
+        absent <= slots_left, op, ": ", absent, " keys are new but only ", slots_left,
+        " slots are left; the store must make room before it puts them");
+  }
+  const int64_t full = table.make_room(incoming, max_load, low_load, [&](uint32_t e, int64_t size) {
+    return scale_to(index_hash(key[e - 1]) >> 32, 32, size);
+  });
+  at::Tensor slots_t = at::empty({n}, keys.options());
+  at::Tensor positions_t = at::empty({n}, keys.options());
+  if (full >= 0) {
+    return {slots_t.narrow(0, 0, 0), positions_t.narrow(0, 0, 0), at::scalar_tensor(full, sizes.options())};
+  }
+
+  // Pass 2: absent keys take a slot (the free stack's top, else the next fresh one) as they are indexed; a repeat
+  // finds the slot its first occurrence took. While the pass runs, the stamp of a slot taken is -1 - its output
+  // place, so a repeat moves that place's position to its own: the last occurrence wins.
+  int64_t* out_slot = slots_t.data_ptr<int64_t>();
+  int64_t* out_pos = positions_t.data_ptr<int64_t>();
+  int64_t m = 0;
+  const Placement where = place(table, n, [&](int64_t i) { return index_hash(in[i]); }, 32);  // homes after rebuilds
+  for (int64_t i = 0; i < n; ++i) {
+    prefetch_ahead(table, where, key, key_len, i, n);
+    int64_t s = two_pass ? found[i] : -1;
+    if (s < 0) {
+      const int64_t candidate = count[0] > 0 ? stack[count[0] - 1] : count[1];
+      const int64_t k = in[i];
+      const int64_t b = table.insert_absent(
+          where.part[i], where.home[i], static_cast<uint32_t>(candidate + 1), [&](uint32_t e) { return key[e - 1] == k; });
+      if (b >= 0) {
+        count[0] > 0 ? --count[0] : ++count[1];
+        key[candidate] = k;
+        s = candidate;
+      } else {
+        s = static_cast<int64_t>(table.at(-2 - b)) - 1;
+      }
+    }
+    if (mark[s] < 0) {
+      out_pos[-1 - mark[s]] = i;
+    } else {
+      out_slot[m] = s;
+      out_pos[m] = i;
+      mark[s] = static_cast<int32_t>(-1 - m);
+      ++m;
+    }
+  }
+  for (int64_t j = 0; j < m; ++j) {
+    mark[out_slot[j]] = static_cast<int32_t>(stamp);
+  }
+  return {slots_t.narrow(0, 0, m), positions_t.narrow(0, 0, m), at::scalar_tensor(-1, sizes.options())};
+}
+
+std::tuple<at::Tensor, at::Tensor> key_index_pop_cpu(
     const at::Tensor& buckets,
     const at::Tensor& sizes,
     const at::Tensor& live,
     const at::Tensor& key_column,
-    const at::Tensor& keys_arg) {
-  constexpr const char* op = "key_index_remove";
+    const at::Tensor& free_slots,
+    const at::Tensor& counts,
+    const at::Tensor& stamps,
+    const at::Tensor& keys_arg,
+    int64_t free_stamp) {
+  constexpr const char* op = "key_index_pop";
   check_index_state(buckets, at::kInt, sizes, {&live}, op);
   check_key_column(key_column, op);
+  check_slot_state(free_slots, counts, stamps, key_column, op);
   check_1d_int64(keys_arg, op, "keys");
+  TORCH_CHECK_VALUE(
+      std::numeric_limits<int32_t>::min() <= free_stamp && free_stamp <= std::numeric_limits<int32_t>::max(), op,
+      ": free_stamp must fit int32, got ", free_stamp);
   const at::Tensor keys = keys_arg.contiguous();
   const int64_t n = keys.numel();
   OpenTable<uint32_t> table(buckets, sizes, &live, nullptr);
-  std::vector<int64_t> freed;
-  // A repeated key is found once: its bucket is a tombstone when the repeat comes.
+  at::Tensor slots_t = at::empty({n}, keys.options());
+  int64_t* slot = slots_t.data_ptr<int64_t>();
+  std::vector<int64_t> bucket(n);
   for_each_found(
       table, key_column.data_ptr<int64_t>(), key_column.numel(), keys.data_ptr<int64_t>(), n, op,
-      [&](int64_t, int64_t b) {
-        if (b >= 0) {
-          freed.push_back(static_cast<int64_t>(table.at(b)) - 1);
-          table.erase(b);
-        }
+      [&](int64_t i, int64_t b) {
+        bucket[i] = b;
+        slot[i] = b < 0 ? -1 : static_cast<int64_t>(table.at(b)) - 1;
       });
-  at::Tensor out = at::empty({static_cast<int64_t>(freed.size())}, keys.options());
-  std::copy(freed.begin(), freed.end(), out.data_ptr<int64_t>());
-  return out;
+  // Every occurrence of a key gets its slot; its first occurrence frees it (the repeats find a tombstone).
+  int32_t* stack = free_slots.data_ptr<int32_t>();
+  int64_t* count = counts.data_ptr<int64_t>();
+  int32_t* mark = stamps.numel() ? stamps.data_ptr<int32_t>() : nullptr;
+  at::Tensor freed_t = at::empty({n}, keys.options());
+  int64_t* freed = freed_t.data_ptr<int64_t>();
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (bucket[i] >= 0 && table.at(bucket[i]) != OpenTable<uint32_t>::kTomb) {
+      table.erase(bucket[i]);
+      freed[m++] = slot[i];
+      stack[count[0]++] = static_cast<int32_t>(slot[i]);
+      if (mark != nullptr) {
+        mark[slot[i]] = static_cast<int32_t>(free_stamp);
+      }
+    }
+  }
+  count[2] = std::max(count[2], count[0]);
+  return {slots_t, freed_t.narrow(0, 0, m)};
 }
 
 at::Tensor fingerprint_find_cpu(

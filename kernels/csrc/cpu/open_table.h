@@ -105,7 +105,7 @@ class OpenTable {
   }
 
   // insert(), but the probe first runs to its end: if `same(entry)` accepts an entry on it, nothing is stored and
-  // the result is -1.
+  // the result is -2 - (that entry's global bucket).
   template <typename Same>
   int64_t insert_absent(int64_t p, int64_t home, T entry, Same&& same) {
     T* r = region(p);
@@ -119,7 +119,7 @@ class OpenTable {
           break;
         }
       } else if (same(old)) {
-        return -1;
+        return -2 - (p * stride_ + pos);
       }
     }
     used_[p] += r[free] == 0;
@@ -131,6 +131,16 @@ class OpenTable {
   void erase(int64_t global) {
     buckets_[global] = kTomb;
     live_[global / stride_] -= 1;
+  }
+
+  // Whether `incoming[p]` more keys would fill a partition past max_load (make_room would rebuild it).
+  bool needs_room(const std::vector<int64_t>& incoming, double max_load) const {
+    for (int64_t p = 0; p < partitions_; ++p) {
+      if (incoming[p] && static_cast<double>(used_[p] + incoming[p]) > max_load * static_cast<double>(size_[p])) {
+        return true;
+      }
+    }
+    return false;
   }
 
   // Rebuilds the partitions that `incoming[p]` more keys would fill past max_load. Returns -1, or (changing

@@ -12,7 +12,8 @@ TORCH_LIBRARY_IMPL(torchrec_ascend, CPU, m) {
   m.impl("id_map_rebuild", &torchrec_ascend::id_map_rebuild_cpu);
   m.impl("key_index_lookup", &torchrec_ascend::key_index_lookup_cpu);
   m.impl("key_index_insert", &torchrec_ascend::key_index_insert_cpu);
-  m.impl("key_index_remove", &torchrec_ascend::key_index_remove_cpu);
+  m.impl("key_index_upsert", &torchrec_ascend::key_index_upsert_cpu);
+  m.impl("key_index_pop", &torchrec_ascend::key_index_pop_cpu);
   m.impl("fingerprint_find", &torchrec_ascend::fingerprint_find_cpu);
   m.impl("fingerprint_insert", &torchrec_ascend::fingerprint_insert_cpu);
   m.impl("read_records", &torchrec_ascend::read_records_cpu);

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from torchrec_ascend.errors import CapacityError
 from torchrec_ascend.kernels.key_value.key_index import LOW_LOAD, MAX_LOAD, KeyIndex
+from torchrec_ascend.native import ops as native
 
 KEYS = st.lists(st.sampled_from([0, 1, 2, 3, 17, 2**31, 2**40 + 5, 2**63 - 1]), max_size=6)
 
@@ -151,3 +152,89 @@ def test_rebuild_for_fewer_keys_shrinks_partitions_and_clears_what_they_left():
     assert (index._table.size < big).all()
     check_table_invariants(index)
     assert torch.equal(index.lookup(keys[:1000]), torch.arange(1000))
+
+
+FREE = 2**31 - 1  # the host store's stamp of a freed slot
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.lists(st.tuples(st.sampled_from(["upsert", "pop", "remove"]), BATCHES), max_size=25))
+def test_upsert_and_pop_match_a_dict_model_with_stamps(ops):
+    # The host store's one-pass put and pop: slots of present keys kept, new keys given the most recently freed slot
+    # first (then fresh ones), the last occurrence of a repeated key named, every slot touched stamped.
+    index, model, stamped, freed_stack = KeyIndex(max_capacity=20_000), {}, {}, []
+    stamps = torch.zeros(20_000, dtype=torch.int32)
+    for clock, (op, keys) in enumerate(ops, start=1):
+        batch = torch.tensor(keys, dtype=torch.int64)
+        distinct = list(dict.fromkeys(keys))
+        if op == "upsert":
+            fresh = index.capacity
+            slots, positions = index.upsert(batch, stamps, clock)
+            for k in distinct:
+                if k not in model:
+                    model[k] = freed_stack.pop() if freed_stack else fresh
+                    fresh += model[k] == fresh
+                stamped[model[k]] = clock
+            assert slots.tolist() == [model[k] for k in distinct]
+            assert positions.tolist() == [len(keys) - 1 - keys[::-1].index(k) for k in distinct]
+            assert index.capacity == fresh
+        else:
+            expected = [model.get(k, -1) for k in keys]
+            if op == "pop":
+                assert index.pop(batch, stamps, FREE).tolist() == expected
+            freed = [model.pop(k) for k in distinct if k in model]
+            if op == "remove":
+                assert index.remove(batch).tolist() == freed  # order of first occurrence
+            freed_stack.extend(freed)
+            stamped.update(dict.fromkeys(freed, FREE) if op == "pop" else {})
+        assert index.lookup(batch).tolist() == [model.get(k, -1) for k in keys]
+        assert {s: int(stamps[s]) for s in stamped} == stamped
+        assert len(index) == len(model)
+        check_table_invariants(index)
+    keys, slots = index.export()
+    assert dict(zip(keys.tolist(), slots.tolist())) == model
+
+
+def test_upsert_of_more_keys_than_fit_changes_nothing():
+    index, stamps = KeyIndex(max_capacity=3), torch.zeros(3, dtype=torch.int32)
+    index.upsert(torch.tensor([1, 2]), stamps, 1)
+    with pytest.raises(CapacityError, match="max_capacity=3"):
+        index.upsert(torch.tensor([2, 3, 4]), stamps, 2)  # one key is present, but the bound is per key given
+    assert (len(index), index.capacity, stamps.tolist()) == (2, 2, [1, 1, 0])
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("stamps", torch.zeros(0, dtype=torch.int32), "must not be empty"),
+        ("stamps", torch.zeros(64, dtype=torch.int64), "int32 tensor of at least 64"),
+        ("counts", torch.tensor([5, 2, 5]), "corrupted"),
+        ("stamp", -1, "stamp must be in"),
+    ],
+)
+def test_native_upsert_refuses_bad_slot_state_and_changes_nothing(field, value, message):
+    index = KeyIndex(max_capacity=64)
+    index.insert(torch.tensor([10, 20]))
+    args = {"stamps": torch.zeros(64, dtype=torch.int32), "counts": index._slot_state[1], "stamp": 3}
+    args[field] = value
+    before = [t.clone() for t in index._table.state]
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        native.key_index_upsert(*index._table.state, index._key_column, index._slot_state[0], args["counts"],
+                                args["stamps"], torch.tensor([30, 10]), args["stamp"], MAX_LOAD, LOW_LOAD)
+    assert all(torch.equal(a, b) for a, b in zip(before, index._table.state))
+    assert index.lookup(torch.tensor([10, 20, 30])).tolist() == [0, 1, -1]
+
+
+def test_upsert_of_present_keys_rebuilds_nothing():
+    # Partitions are rebuilt for the keys a put adds, not for the keys it overwrites: a full index stays its size.
+    g = torch.Generator().manual_seed(2)
+    keys = torch.randint(0, 2**63 - 1, (20_000,), generator=g, dtype=torch.int64).unique()
+    index = KeyIndex(max_capacity=2 * keys.numel())  # upsert's bound counts every key given as new
+    stamps = torch.zeros(2 * keys.numel(), dtype=torch.int32)
+    index.upsert(keys, stamps, 1)
+    sizes, nbytes = index._table.size.copy(), index.nbytes
+    for clock, part in enumerate([keys, *keys.split(5000)], start=2):  # all of them again: twice each partition
+        slots, positions = index.upsert(part, stamps, clock)
+        assert torch.equal(positions, torch.arange(part.numel()))
+    assert np.array_equal(index._table.size, sizes) and index.nbytes == nbytes
+    check_table_invariants(index)

@@ -38,7 +38,7 @@ def row_bytes(row: torch.Tensor) -> bytes:
 
 class TieredStoreMachine(RuleBasedStateMachine):
     @initialize(
-        budget=st.sampled_from([0, 80, 200, 200]),  # host capacity 0, 1 or 4 rows
+        budget=st.sampled_from([0, 80, 200, 200, 4096]),  # host capacity 0, 1, 4 or every key: one-pass put and pop
         with_disk=st.sampled_from([True, True, True, False]),
         promote=st.booleans(),
         headroom=st.sampled_from([0.0, 0.5]),

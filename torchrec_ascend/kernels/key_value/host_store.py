@@ -163,6 +163,14 @@ class HostStore:
         """
         keys = check_keys(keys, self.where)
         rows = check_rows(rows, keys.numel(), self.width, self.dtype, self.where)
+        if len(self._index) + keys.numel() <= self.max_rows and self._disk_empty():
+            # No spill and no disk copy to drop: one native pass indexes the keys, hands out slots, stamps them
+            self._tick()
+            slots, positions = self._index.upsert(keys, self._stamp_store, self._clock)
+            self._grow_storage()
+            self._rows.scatter(slots, rows if positions.numel() == keys.numel() else rows.index_select(0, positions))
+            self._version += 1
+            return
         last = last_occurrence(keys)
         if last is not None:
             keys, rows = keys[last], rows[last]
@@ -217,6 +225,18 @@ class HostStore:
         Returns and raises as :meth:`get`; on an error nothing is removed.
         """
         keys = check_keys(keys, self.where)
+        if self._disk_empty():  # every row is in host memory: one native pass finds and removes the keys
+            slots = self._index.pop(keys, self._stamp_store, FREE_STAMP)
+            found = slots >= 0
+            if bool(found.all()):
+                rows = self._rows.gather(slots)  # freed slots keep their rows until the next put hands them out
+            else:
+                hit = found.nonzero().squeeze(1)
+                rows = torch.zeros(keys.numel(), self.width, dtype=self.dtype)
+                rows.index_copy_(0, hit, self._rows.gather(slots.index_select(0, hit)))
+            self._counters["host_reads"] += int(found.sum())
+            self._version += 1
+            return rows, found
         rows, found, _ = self._read_host(keys)
         host_keys = keys[found]
         miss = (~found).nonzero().squeeze(1)
@@ -227,22 +247,21 @@ class HostStore:
             found[miss] = disk_found
         self._counters["host_reads"] += host_keys.numel()
         self._counters["disk_reads"] += int(disk_found.sum())
-        self._stamp.index_fill_(0, self._index.remove(host_keys), FREE_STAMP)
+        self._index.pop(host_keys, self._stamp_store, FREE_STAMP)
         self._version += 1
         return rows, found
 
     def remove(self, keys: torch.Tensor) -> None:
         """Forget keys in both tiers; absent keys and repeats are ignored."""
         keys = check_keys(keys, self.where)
-        self._stamp.index_fill_(0, self._index.remove(keys), FREE_STAMP)
+        self._index.pop(keys, self._stamp_store, FREE_STAMP)
         if self.spill is not None:
             self.spill.remove(keys)
         self._version += 1
 
     def clear(self) -> None:
         """Forget every row of both tiers (the disk store's files are deleted; host memory stays reserved)."""
-        keys, _ = self._index.export()
-        self._stamp.index_fill_(0, self._index.remove(keys), FREE_STAMP)
+        self._index.pop(self._index.export()[0], self._stamp_store, FREE_STAMP)
         if self.spill is not None:
             self.spill.clear()
         self._version += 1
@@ -322,13 +341,15 @@ class HostStore:
             low, high = (middle, high) if self._nbytes_at(middle) <= budget_bytes else (low, middle)
         return low
 
+    def _disk_empty(self) -> bool:
+        """Whether no row is on disk: a put or pop then stays in host memory (one native pass, nothing to undo)."""
+        return self.spill is None or not len(self.spill)
+
     def _grow_storage(self) -> None:
-        """Make the per-slot storage cover the index's capacity (nothing moves: both live in reserved memory)."""
+        """Make the per-slot storage cover the index's capacity (nothing moves: both live in reserved memory; every
+        slot the index hands out is stamped as it is)."""
         self._rows.grow(self._index.capacity)
-        start = self._stamp.numel()
-        if self._index.capacity > start:
-            self._stamp = self._stamp_store[: self._index.capacity]
-            self._stamp[start:] = FREE_STAMP
+        self._stamp = self._stamp_store[: self._index.capacity]
 
     def _tick(self) -> None:
         """Advance the LRU clock; near int32's end, renumber the stamps (keeping their order) to start over."""
@@ -396,8 +417,7 @@ class HostStore:
                 )
             self.spill.put(torch.cat([victim_keys, direct_keys]), torch.cat([self._rows.gather(victims), direct_rows]))
         if victims.numel():
-            self._index.remove(victim_keys)
-            self._stamp[victims] = FREE_STAMP
+            self._index.pop(victim_keys, self._stamp_store, FREE_STAMP)
             self._counters["spills"] += 1
             self._counters["spilled_rows"] += victims.numel()
         self._counters["direct_disk_rows"] += direct_keys.numel()

@@ -53,6 +53,7 @@ MIN_BUCKETS = 8
 PAGE = mmap.PAGESIZE
 _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 _U64 = np.uint64
+_NO_STAMPS = torch.empty(0, dtype=torch.int32)  # key_index_pop without per-slot stamps
 
 
 def reserve(dtype: DTypeLike, length: int) -> np.ndarray:
@@ -194,9 +195,6 @@ class KeyIndex:
         max_capacity (Optional[int]): the most keys it may ever hold (address space is reserved for them);
             ``None``: ``2**26``.
 
-    Attributes:
-        capacity (int): slots handed out so far (used or freed): per-slot storage must cover ``[0, capacity)``.
-
     Example::
 
         index = KeyIndex(max_capacity=4)
@@ -209,14 +207,20 @@ class KeyIndex:
             # builtin: an internal invariant (the host store passes capacities it derived), not a user's config
             raise ValueError(f"KeyIndex capacities must be >= 0, got {initial_capacity} and {max_capacity}")
         self.max_capacity = 1 << 26 if max_capacity is None else max_capacity
-        self.capacity = 0
         parts = partitions_for(self.max_capacity)
         self._table = OpenTable(np.uint32, parts, self.max_buckets(self.max_capacity, parts))
         self._key = reserve(np.int64, self.max_capacity)
         self._key_column = torch.from_numpy(self._key)
         self._free = reserve(np.int32, self.max_capacity)
-        self._num_free = 0
-        self._free_high = 0  # the most freed slots held at once: the stack's pages touched
+        # Slots on the free stack, slots handed out (the capacity), the most slots the stack has held (its pages
+        # touched): one array, so the native put and pop update them in place.
+        self._counts = np.zeros(3, dtype=np.int64)
+        self._slot_state = (torch.from_numpy(self._free), torch.from_numpy(self._counts))
+
+    @property
+    def capacity(self) -> int:
+        """Slots handed out so far (used or freed): per-slot storage must cover ``[0, capacity)``."""
+        return int(self._counts[1])
 
     @staticmethod
     def max_buckets(max_keys: int, partitions: int) -> int:
@@ -230,7 +234,7 @@ class KeyIndex:
     def nbytes(self) -> int:
         """Bytes of this index: the buckets in use, the key column up to ``capacity`` and the free-slot stack up to
         the most slots it has held."""
-        return self._table.nbytes + self.capacity * 8 + self._free_high * 4
+        return self._table.nbytes + self.capacity * 8 + int(self._counts[2]) * 4
 
     @staticmethod
     def nbytes_for(capacity: int) -> int:
@@ -275,23 +279,62 @@ class KeyIndex:
             return torch.empty(0, dtype=torch.int64)
         self.reserve(len(self) + n)
         values = keys.numpy()
-        reused = min(n, self._num_free)
+        num_free, capacity = int(self._counts[0]), int(self._counts[1])
+        reused = min(n, num_free)
         slots = np.empty(n, dtype=np.int64)
-        slots[:reused] = self._free[self._num_free - reused : self._num_free][::-1]
-        self._num_free -= reused
-        slots[reused:] = np.arange(self.capacity, self.capacity + n - reused)
-        self.capacity += n - reused
+        slots[:reused] = self._free[num_free - reused : num_free][::-1]
+        slots[reused:] = np.arange(capacity, capacity + n - reused)
         self._key[slots] = values
         full = ops.key_index_insert(*self._table.state, self._key_column, torch.from_numpy(slots), MAX_LOAD, LOW_LOAD)
-        if full != -1:  # nothing was indexed: hand the slots back
-            self._num_free += reused
-            self.capacity -= n - reused
+        if full != -1:  # nothing was indexed: the slots stay where they were
             if full >= 0:
                 raise self._table.full_error(full, "KeyIndex")
             # builtin: an internal invariant (the stores look keys up before inserting), never the user's input
             raise ValueError(f"KeyIndex.insert: key {int(values[-2 - full])} is present or repeats; keys must be "
                              f"distinct and absent, look them up first")
+        self._counts[:2] = (num_free - reused, capacity + n - reused)
         return torch.from_numpy(slots)
+
+    def upsert(self, keys: torch.Tensor, stamps: torch.Tensor, stamp: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Give every key a slot, keeping the slots of present keys and stamping each slot with ``stamp``: one
+        native pass (``key_index_upsert``).
+
+        Args:
+            keys: int64 ``[n]``, repeats allowed.
+            stamps: the owner's int32 per-slot stamps, ``[>= max_capacity]``, non-negative, none equal to ``stamp``.
+            stamp: the owner's clock for this call.
+
+        Returns:
+            Tuple[torch.Tensor, torch.Tensor]: per distinct key its slot and the position of its last occurrence
+            (``0 .. n-1`` in order when no key repeats).
+
+        Raises:
+            CapacityError: the keys may not fit under ``max_capacity`` (nothing changed); the owner makes room first.
+
+        Example::
+
+            slots, positions = index.upsert(torch.tensor([5, 6, 5]), stamps, 3)  # positions: tensor([2, 1])
+        """
+        self.reserve(len(self) + keys.numel())
+        slots, positions, full = ops.key_index_upsert(*self._table.state, self._key_column, *self._slot_state,
+                                                      stamps, keys, stamp, MAX_LOAD, LOW_LOAD)
+        if full >= 0:
+            raise self._table.full_error(full, "KeyIndex")
+        return slots, positions
+
+    def pop(self, keys: torch.Tensor, stamps: torch.Tensor, free_stamp: int) -> torch.Tensor:
+        """Remove keys, returning the slot of each (``-1`` where absent; repeats get the same slot) and stamping the
+        freed slots ``free_stamp``: one native pass (``key_index_pop``). The rows of freed slots stay until the
+        next insert hands the slots out again.
+
+        Example::
+
+            slots = index.pop(torch.tensor([10, 99]), stamps, FREE)  # tensor([0, -1])
+        """
+        if len(self) == 0:
+            return torch.full_like(keys, -1)
+        buckets, sizes, live, _ = self._table.state
+        return ops.key_index_pop(buckets, sizes, live, self._key_column, *self._slot_state, stamps, keys, free_stamp)[0]
 
     def remove(self, keys: torch.Tensor) -> torch.Tensor:
         """Forget keys; absent keys and repeats are ignored.
@@ -305,11 +348,7 @@ class KeyIndex:
         if keys.numel() == 0 or len(self) == 0:
             return torch.empty(0, dtype=torch.int64)
         buckets, sizes, live, _ = self._table.state
-        freed = ops.key_index_remove(buckets, sizes, live, self._key_column, keys).numpy()
-        self._free[self._num_free : self._num_free + freed.size] = freed
-        self._num_free += freed.size
-        self._free_high = max(self._free_high, self._num_free)
-        return torch.from_numpy(freed)
+        return ops.key_index_pop(buckets, sizes, live, self._key_column, *self._slot_state, _NO_STAMPS, keys, 0)[1]
 
     def keys_of(self, slots: torch.Tensor) -> torch.Tensor:
         """The key held by each of ``slots`` (int64 ``[n]``, slots in use)."""
