@@ -2,9 +2,10 @@
 // torchrec_ascend/kernels/key_value/key_index.py (address space reserved with mmap, memory spent page by page):
 // the kernels read and write them in place and never copy more than one partition.
 //
-// * key_index_*: the host tier's key -> slot index (an insert checks that its keys are absent and distinct). A bucket is a uint32 slot + 1 (passed as int32); the key of a
+// * key_index_*: the host tier's key -> slot index. A bucket is a uint32 slot + 1 (passed as int32); the key of a
 //   slot is key_column[slot]. Key k lives in partition mix(k) & (partitions - 1), home bucket
-//   (mix(k) >> 32) * size >> 32.
+//   (mix(k) >> 32) * size >> 32. An insert checks that its keys are absent and distinct; upsert and pop are the host
+//   store's put and pop, handing out and freeing slots on its free-slot stack and stamping them.
 // * fingerprint_*: the disk tier's index. A bucket is a uint64 (passed as int64) whose top `fingerprint_bits` are a
 //   fingerprint of the key's hash and whose low bits locate its record; the caller hashes, and verifies candidates
 //   against the records. Home bucket: fingerprint * size >> fingerprint_bits.
@@ -92,7 +93,7 @@ void check_slot_state(
       " and free <= most free <= ", slots, "; the index state is corrupted");
 }
 
-// Partition and home of each key of the host index// Partition and home of each key of the host index (homes at the current sizes).
+// Partition and home of each key of the host index (homes at the current sizes).
 struct Placement {
   std::vector<int64_t> part;
   std::vector<int64_t> home;
@@ -265,28 +266,44 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> key_index_upsert_cpu(
   OpenTable<uint32_t> table(buckets, sizes, &live, &used);
   const uint64_t mask = static_cast<uint64_t>(table.partitions() - 1);
 
-  // Most calls index every key in one pass: when even all of them (an upper bound of the absent ones) fit without a
-  // rebuild. Otherwise a first pass (changing nothing) finds the keys present, so that partitions are rebuilt for
-  // the absent keys only (a rebuild for keys already there would grow past the memory the owner budgets).
+  // Rebuilds are sized for the absent keys (a rebuild for keys already there would grow past the memory the owner
+  // budgets). Every key given is an upper bound of them: only the keys of partitions that bound would rebuild (or
+  // all, when it exceeds the slots left) are looked up first, so most keys are indexed in one pass.
+  std::vector<int64_t> part_of(n);
   std::vector<int64_t> incoming(table.partitions(), 0);
   for (int64_t i = 0; i < n; ++i) {
-    incoming[index_hash(in[i]) & mask] += 1;
+    part_of[i] = static_cast<int64_t>(index_hash(in[i]) & mask);
+    incoming[part_of[i]] += 1;
   }
   const int64_t slots_left = count[0] + key_len - count[1];
-  const bool two_pass = n > slots_left || table.needs_room(incoming, max_load);
-  std::vector<int64_t> found(two_pass ? n : 0);
-  if (two_pass) {
-    std::fill(incoming.begin(), incoming.end(), 0);
+  const bool check_all = n > slots_left;
+  std::vector<char> due(table.partitions(), 0);
+  for (int64_t p = 0; p < table.partitions(); ++p) {
+    due[p] = check_all || table.over_load(p, incoming[p], max_load);
+  }
+  std::vector<int64_t> checked;  // positions of the keys looked up first
+  for (int64_t i = 0; i < n; ++i) {
+    if (due[part_of[i]]) {
+      checked.push_back(i);
+    }
+  }
+  std::vector<int64_t> found(checked.empty() ? 0 : n, -1);
+  if (!checked.empty()) {
+    std::vector<int64_t> checked_keys(checked.size());
+    for (size_t j = 0; j < checked.size(); ++j) {
+      checked_keys[j] = in[checked[j]];
+      incoming[part_of[checked[j]]] = 0;
+    }
     int64_t absent = 0;
-    for_each_found(table, key, key_len, in, n, op, [&](int64_t i, int64_t b) {
-      found[i] = b < 0 ? -1 : static_cast<int64_t>(table.at(b)) - 1;
-      if (b < 0) {
-        incoming[index_hash(in[i]) & mask] += 1;
-        ++absent;
-      }
-    });
+    for_each_found(
+        table, key, key_len, checked_keys.data(), static_cast<int64_t>(checked.size()), op, [&](int64_t j, int64_t b) {
+          const int64_t i = checked[j];
+          found[i] = b < 0 ? -1 : static_cast<int64_t>(table.at(b)) - 1;
+          incoming[part_of[i]] += b < 0;
+          absent += b < 0;
+        });
     TORCH_CHECK(
-        absent <= slots_left, op, ": ", absent, " keys are new but only ", slots_left,
+        !check_all || absent <= slots_left, op, ": ", absent, " keys are new but only ", slots_left,
         " slots are left; the store must make room before it puts them");
   }
   const int64_t full = table.make_room(incoming, max_load, low_load, [&](uint32_t e, int64_t size) {
@@ -307,12 +324,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> key_index_upsert_cpu(
   const Placement where = place(table, n, [&](int64_t i) { return index_hash(in[i]); }, 32);  // homes after rebuilds
   for (int64_t i = 0; i < n; ++i) {
     prefetch_ahead(table, where, key, key_len, i, n);
-    int64_t s = two_pass ? found[i] : -1;
+    int64_t s = found.empty() ? -1 : found[i];
     if (s < 0) {
       const int64_t candidate = count[0] > 0 ? stack[count[0] - 1] : count[1];
       const int64_t k = in[i];
-      const int64_t b = table.insert_absent(
-          where.part[i], where.home[i], static_cast<uint32_t>(candidate + 1), [&](uint32_t e) { return key[e - 1] == k; });
+      const auto same = [&](uint32_t e) { return key[e - 1] == k; };
+      const int64_t b = table.insert_absent(where.part[i], where.home[i], static_cast<uint32_t>(candidate + 1), same);
       if (b >= 0) {
         count[0] > 0 ? --count[0] : ++count[1];
         key[candidate] = k;

@@ -133,14 +133,9 @@ class OpenTable {
     live_[global / stride_] -= 1;
   }
 
-  // Whether `incoming[p]` more keys would fill a partition past max_load (make_room would rebuild it).
-  bool needs_room(const std::vector<int64_t>& incoming, double max_load) const {
-    for (int64_t p = 0; p < partitions_; ++p) {
-      if (incoming[p] && static_cast<double>(used_[p] + incoming[p]) > max_load * static_cast<double>(size_[p])) {
-        return true;
-      }
-    }
-    return false;
+  // Whether `incoming` more keys would fill partition p past max_load (make_room would rebuild it).
+  bool over_load(int64_t p, int64_t incoming, double max_load) const {
+    return incoming && static_cast<double>(used_[p] + incoming) > max_load * static_cast<double>(size_[p]);
   }
 
   // Rebuilds the partitions that `incoming[p]` more keys would fill past max_load. Returns -1, or (changing
@@ -149,7 +144,7 @@ class OpenTable {
   int64_t make_room(const std::vector<int64_t>& incoming, double max_load, double low_load, HomeOf&& home_of) {
     std::vector<int64_t> due;
     for (int64_t p = 0; p < partitions_; ++p) {
-      if (incoming[p] && static_cast<double>(used_[p] + incoming[p]) > max_load * static_cast<double>(size_[p])) {
+      if (over_load(p, incoming[p], max_load)) {
         if (rebuilt_size(live_[p] + incoming[p], low_load) > stride_) {
           return p;
         }
