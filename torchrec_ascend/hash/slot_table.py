@@ -261,7 +261,7 @@ class SlotTable(torch.nn.Module):
             self.id_map.remove(new_ids)  # the batch fails whole: no ID keeps a row it never had filled
             needed = new_ids.numel() + ops.hash_unique(ids[slots < 0])[0].numel()
             raise self._full(needed, self.capacity - len(self.id_map))
-        self.slot_ids[new_slots] = new_ids
+        self.slot_ids.index_copy_(0, new_slots, new_ids)
         self.counters["inserted"] += new_ids.numel()
         return Assignment(slots=slots, new_slots=new_slots, new_ids=new_ids, default_used=False)  # full: raised
 
