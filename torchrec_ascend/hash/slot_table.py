@@ -497,8 +497,9 @@ class SlotTable(torch.nn.Module):
             raise self._full(needed, free)
         assert self.eviction is not None and self.cadence is not None
         evictable = (self.last_used <= self.step - self.window) & (self.slot_ids >= 0) & (self.pins == 0)
-        expired = expired[evictable[expired]]  # rows of the current batch stay, expired or not
-        evictable[expired] = False
+        if expired.numel():
+            expired = expired[evictable[expired]]  # rows of the current batch stay, expired or not
+            evictable[expired] = False
         available = int(evictable.sum())
         if needed > free + expired.numel() + available:
             raise CapacityError(

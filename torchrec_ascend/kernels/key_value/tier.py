@@ -79,8 +79,9 @@ class HostDiskTier:
 
     def arrived(self, t: int, assignment: Assignment) -> None:
         rows, found = self.stores[t].pop(assignment.new_ids)
-        fresh = ~found
-        if bool(fresh.any()):
+        num_found = int(found.sum())
+        if num_found < found.numel():
+            fresh = ~found
             keys = assignment.new_ids[fresh]
             if not self.is_hash[t]:
                 keys = keys + self.key_offsets[t]  # plain tables: initialised from the global row
@@ -88,8 +89,8 @@ class HostDiskTier:
             initial[:, : self._pool.cols(t)] = self._pool.initial_rows(t, keys)
             rows[fresh] = self._codecs[t].encode(initial)
         self._pool.unpack_stored(t, assignment.new_slots, rows)
-        self.swaps[t]["swapped_in"] += int(found.sum())
-        self.swaps[t]["initialised"] += int(fresh.sum())
+        self.swaps[t]["swapped_in"] += num_found
+        self.swaps[t]["initialised"] += found.numel() - num_found
 
     def left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
         # Every cached row was trained (eval lookups do not insert), so every evicted row is written back.
