@@ -101,7 +101,7 @@ def disk_native(e: Dict[str, np.ndarray], batch: int, reps: int) -> Dict[str, fl
         for start in range(0, e["part"].size, batch):
             ops.fingerprint_insert(*table.state, torch.from_numpy(e["part"][start : start + batch]),
                                    torch.from_numpy(e["entry"][start : start + batch].view(np.int64)), BITS,
-                                   native.MAX_LOAD, native.LOW_LOAD)
+                                   native.MAX_LOAD, native.DISK_LOW_LOAD)
 
     filled = rate(e["part"].size, fill)
     finds = []

@@ -11,7 +11,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from torchrec_ascend.hash.id_map import IdMap
-from torchrec_ascend.kernels.key_value.key_index import LOW_LOAD, MAX_LOAD, KeyIndex, OpenTable
+from torchrec_ascend.kernels.key_value.key_index import (
+    DISK_LOW_LOAD,
+    HOST_LOW_LOAD,
+    HOST_MAX_LOAD,
+    MAX_LOAD,
+    KeyIndex,
+    OpenTable,
+)
 from torchrec_ascend.native import ops
 
 # Changing one of these breaks checkpoints, compiled graphs or NPU kernels written against it: add a new op instead.
@@ -86,7 +93,7 @@ def fingerprint_state():
     """A disk-tier index of two partitions holding three entries: its state tensors."""
     state = [t.clone() for t in OpenTable(np.uint64, 2, 64).state]
     ops.fingerprint_insert(*state, torch.tensor([0, 1, 1]), torch.tensor([5 << 36 | 1, 7 << 36 | 2, 9 << 36 | 3]),
-                           28, MAX_LOAD, LOW_LOAD)
+                           28, MAX_LOAD, DISK_LOW_LOAD)
     return state
 
 
@@ -109,14 +116,15 @@ def opcheck_cases(records_fd):
     fingerprints = fingerprint_state()
     return {
         "key_index_lookup": (buckets, sizes, key_column, ids),
-        "key_index_insert": (buckets, sizes, live, used, insert_column, torch.tensor([3]), MAX_LOAD, LOW_LOAD),
-        "key_index_upsert": (buckets, sizes, live, used, key_column, free_slots, counts, stamps, ids, 3, MAX_LOAD,
-                             LOW_LOAD),
+        "key_index_insert": (buckets, sizes, live, used, insert_column, torch.tensor([3]), HOST_MAX_LOAD,
+                             HOST_LOW_LOAD),
+        "key_index_upsert": (buckets, sizes, live, used, key_column, free_slots, counts, stamps, ids, 3, HOST_MAX_LOAD,
+                             HOST_LOW_LOAD),
         "key_index_pop": (buckets, sizes, live, key_column, free_slots, counts, stamps, ids, 2**31 - 1),
         "fingerprint_find": (fingerprints[0], fingerprints[1], torch.tensor([0, 1, 1]), torch.tensor([5, 9, 4]),
                              torch.tensor([-1, -1, -1]), 28),
         "fingerprint_insert": (*fingerprints, torch.tensor([1]), torch.tensor([11 << 36 | 4]), 28, MAX_LOAD,
-                               LOW_LOAD),
+                               DISK_LOW_LOAD),
         "id_map_insert_or_lookup": (*filled_state(), ids),
         "id_map_insert_stamped": (*filled_state(), torch.zeros(16, dtype=torch.int64), ids, 3),
         "id_map_lookup": (filled_state()[0], ids),

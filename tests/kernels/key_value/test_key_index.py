@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchrec_ascend.errors import CapacityError
-from torchrec_ascend.kernels.key_value.key_index import LOW_LOAD, MAX_LOAD, KeyIndex
+from torchrec_ascend.kernels.key_value.key_index import HOST_LOW_LOAD, HOST_MAX_LOAD, KeyIndex
 from torchrec_ascend.native import ops as native
 
 KEYS = st.lists(st.sampled_from([0, 1, 2, 3, 17, 2**31, 2**40 + 5, 2**63 - 1]), max_size=6)
@@ -64,9 +64,9 @@ def test_memory_per_key_stays_within_its_bound_while_growing(capacity):
         index.insert(part)
         assert index.nbytes <= KeyIndex.nbytes_for(capacity)
     loads = index._table.live / np.maximum(index._table.size, 1)
-    assert loads.max() <= MAX_LOAD
+    assert loads.max() <= HOST_MAX_LOAD
     if capacity >= 1000:  # the fixed cost of empty partitions no longer matters: 12 + 4 / load bytes a key
-        assert index.nbytes / keys.numel() <= 12 + 4 / LOW_LOAD + 0.5
+        assert index.nbytes / keys.numel() <= 12 + 4 / HOST_LOW_LOAD + 0.5
     assert torch.equal(index.lookup(keys), torch.arange(keys.numel()))
 
 
@@ -85,7 +85,7 @@ def test_bulk_remove_keeps_every_other_key():
 
 def check_table_invariants(index):
     table = index._table
-    assert (table.live <= table.used).all() and (table.used <= MAX_LOAD * table.size).all()
+    assert (table.live <= table.used).all() and (table.used <= HOST_MAX_LOAD * table.size).all()
     live, tombs = 0, 0
     for p in range(table.partitions):
         region = table.buckets[p * table.stride : p * table.stride + table.size[p]]
@@ -144,7 +144,7 @@ def test_rebuild_for_fewer_keys_shrinks_partitions_and_clears_what_they_left():
     big = index._table.size.copy()
     index.remove(keys[1000:])
     index.insert(torch.tensor([-5]))  # no partition is due for a rebuild yet: tombstones count as used
-    for _ in range(3):  # churn until every partition passed MAX_LOAD once and was rebuilt for its few keys
+    for _ in range(3):  # churn until every partition passed HOST_MAX_LOAD once and was rebuilt for its few keys
         batch = torch.randint(0, 2**63 - 1, (60_000,), generator=g, dtype=torch.int64).unique()
         batch = batch[index.lookup(batch) < 0]
         index.insert(batch)
@@ -220,7 +220,7 @@ def test_native_upsert_refuses_bad_slot_state_and_changes_nothing(field, value, 
     before = [t.clone() for t in index._table.state]
     with pytest.raises((ValueError, RuntimeError), match=message):
         native.key_index_upsert(*index._table.state, index._key_column, index._slot_state[0], args["counts"],
-                                args["stamps"], torch.tensor([30, 10]), args["stamp"], MAX_LOAD, LOW_LOAD)
+                                args["stamps"], torch.tensor([30, 10]), args["stamp"], HOST_MAX_LOAD, HOST_LOW_LOAD)
     assert all(torch.equal(a, b) for a, b in zip(before, index._table.state))
     assert index.lookup(torch.tensor([10, 20, 30])).tolist() == [0, 1, -1]
 

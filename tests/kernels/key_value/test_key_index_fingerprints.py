@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from torchrec_ascend.errors import CapacityError
 from torchrec_ascend.kernels.key_value.disk_store import FINGERPRINT_BITS, PARTITIONS, DiskStore
-from torchrec_ascend.kernels.key_value.key_index import LOW_LOAD, MAX_LOAD, OpenTable, mix64
+from torchrec_ascend.kernels.key_value.key_index import DISK_LOW_LOAD, MAX_LOAD, OpenTable, mix64
 from torchrec_ascend.native import ops
 
 BITS = 8  # few fingerprints, so that many entries share one
@@ -42,7 +42,7 @@ def test_probes_offer_exactly_the_entries_of_a_fingerprint(steps):
             part = np.array([p for p, _, _ in fresh], dtype=np.int64)
             values = np.array([f << SHIFT | loc for _, f, loc in fresh], dtype=np.uint64)
             assert ops.fingerprint_insert(*table.state, torch.from_numpy(part), torch.from_numpy(values.view(np.int64)),
-                                          BITS, MAX_LOAD, LOW_LOAD) == -1
+                                          BITS, MAX_LOAD, DISK_LOW_LOAD) == -1
             # buckets move when a partition is rebuilt: re-read the model from the table
             stored, buckets = table.entries()
             by_value = {int(v): int(b) for v, b in zip(stored, buckets)}
@@ -66,20 +66,20 @@ def test_probes_offer_exactly_the_entries_of_a_fingerprint(steps):
 def test_insert_that_would_outgrow_a_partition_changes_nothing():
     table = OpenTable(np.uint64, 2, 16)
     part = torch.tensor([1] * 8)
-    assert ops.fingerprint_insert(*table.state, part, torch.arange(1, 9), BITS, MAX_LOAD, LOW_LOAD) == -1
+    assert ops.fingerprint_insert(*table.state, part, torch.arange(1, 9), BITS, MAX_LOAD, DISK_LOW_LOAD) == -1
     before = [t.clone() for t in table.state]
-    # 8 + 6 keys need ceil(14 / LOW_LOAD) + 1 = 24 buckets, more than the 16 reserved
+    # 8 + 6 keys need ceil(14 / DISK_LOW_LOAD) + 1 = 22 buckets, more than the 16 reserved
     assert ops.fingerprint_insert(*table.state, torch.tensor([0, 1, 1, 1, 1, 1]), torch.arange(9, 15), BITS,
-                                  MAX_LOAD, LOW_LOAD) == 1
+                                  MAX_LOAD, DISK_LOW_LOAD) == 1
     assert all(torch.equal(a, b) for a, b in zip(before, table.state))
 
 
 def test_fingerprint_ops_name_the_bad_argument():
     table = OpenTable(np.uint64, 2, 16)
     with pytest.raises(ValueError, match="part"):
-        ops.fingerprint_insert(*table.state, torch.tensor([2]), torch.tensor([5]), BITS, MAX_LOAD, LOW_LOAD)
+        ops.fingerprint_insert(*table.state, torch.tensor([2]), torch.tensor([5]), BITS, MAX_LOAD, DISK_LOW_LOAD)
     with pytest.raises(ValueError, match="empty buckets and tombstones"):
-        ops.fingerprint_insert(*table.state, torch.tensor([0]), torch.tensor([0]), BITS, MAX_LOAD, LOW_LOAD)
+        ops.fingerprint_insert(*table.state, torch.tensor([0]), torch.tensor([0]), BITS, MAX_LOAD, DISK_LOW_LOAD)
     with pytest.raises(ValueError, match="after"):
         ops.fingerprint_find(*table.state[:2], torch.tensor([0]), torch.tensor([1]), torch.tensor([40]), BITS)
 

@@ -8,8 +8,8 @@ tier (spilling others in turn). ``pop`` is how the kernel takes rows into its de
 Not thread-safe: one caller (the kernel's batch path) at a time.
 
 What the budget counts (``nbytes``): per slot handed out (used or freed), the row, an int32 LRU stamp and the key
-(int64); the index's buckets in use (4 bytes each, at a load between 0.62 and 0.8); the free-slot stack (int32) up
-to the most slots freed at once: 12 + 5..6.5 bytes a slot beyond the row, plus at most 4 for the stack. The most
+(int64); the index's buckets in use (4 bytes each, at a load between 0.46 and 0.6); the free-slot stack (int32) up
+to the most slots freed at once: 12 + 6.7..8.7 bytes a slot beyond the row, plus at most 4 for the stack. The most
 rows is where one more would break the budget with the stack full (bounded by this machine's RAM). Nothing grows
 by doubling or copying (see :mod:`.row_chunks` and :mod:`.key_index`): a rehash copies one of up to 256 index
 partitions. Not counted: tensors of a call in flight

@@ -2,16 +2,16 @@
 
 Both tiers index keys with :class:`OpenTable`: ``partitions`` open-addressing tables (linear probing, tombstones)
 laid out in one anonymous memory mapping that reserves address space for the largest size each partition may
-reach and costs memory only for the pages it touches. A partition grows on its own (by about 1.3x, rehashing only
-its entries), so growth never holds two copies of the index, only a copy of one partition; the load of every
-partition stays in ``[LOW_LOAD, MAX_LOAD]`` = ``[0.62, 0.8]`` of its buckets. Probes, inserts and rebuilds are
-native ops over a whole batch (``torch.ops.torchrec_ascend.key_index_*`` and ``fingerprint_*``, see
+reach and costs memory only for the pages it touches. A partition grows on its own (rehashing only its entries), so
+growth never holds two copies of the index, only a copy of one partition, and the load of every partition stays in
+a band: ``[HOST_LOW_LOAD, HOST_MAX_LOAD]`` = ``[0.46, 0.6]`` of its buckets in the host index. Probes, inserts and
+rebuilds are native ops over a whole batch (``torch.ops.torchrec_ascend.key_index_*`` and ``fingerprint_*``, see
 :mod:`torchrec_ascend.native.ops`) working in place on these arrays: one pass over the keys, the home buckets
 prefetched ahead, no temporaries beyond a few integers per key.
 
 * :class:`KeyIndex` (host tier): key -> slot. A bucket is a uint32 (``slot + 1``); the full key sits in the
   slot -> key column, which the host store needs anyway to name the rows it spills. Memory per slot: 8 (key) + 4 /
-  load (buckets) = 13 to 14.5 bytes, plus 4 per slot of the free-slot stack up to the most slots freed at once.
+  load (buckets) = 14.7 to 16.7 bytes, plus 4 per slot of the free-slot stack up to the most slots freed at once.
 * :class:`~torchrec_ascend.kernels.key_value.disk_store.DiskStore` keeps only a bucket per key: a uint64 of a
   28-bit fingerprint of the key's hash and the record's 36-bit location; the full key is verified in the record on
   disk. Its partitions grow in smaller steps (``DISK_GROWTH``, load in ``[0.7, 0.8]``): rebuilding one reads no keys,
@@ -41,12 +41,18 @@ from numpy.typing import DTypeLike
 from torchrec_ascend.errors import CapacityError
 from torchrec_ascend.native import ops
 
-MAX_LOAD = 0.8  # a partition is rehashed before more of its buckets than this are used (live or tombstone)
-GROWTH = 1.3  # a rehash sizes the partition for its keys at MAX_LOAD / GROWTH
-LOW_LOAD = MAX_LOAD / GROWTH
-# The disk tier's fingerprint index: its rebuilds need no key reads (the home is in the entry), so they are cheap,
-# and every disk key costs 8 / load bytes of host memory. (The host index's rebuilds read each entry's key from the
-# key column at random, so it keeps the larger steps: fewer rebuilds as tombstones accumulate.)
+# The host index compares the full key (a read of the key column at random) at every entry a probe meets, and a
+# put probes each new key to the end of its chain: at these loads the chains are about half as long as at the disk
+# index's (a put of 2,565 keys 279 -> 194 us in the KEY_VALUE benchmark), for about 2 more bytes per host row,
+# whose row is 64 bytes or more.
+HOST_MAX_LOAD = 0.6  # a partition is rehashed before more of its buckets than this are used (live or tombstone)
+GROWTH = 1.3  # a rehash sizes the partition for its keys at HOST_MAX_LOAD / GROWTH
+HOST_LOW_LOAD = HOST_MAX_LOAD / GROWTH
+# The disk tier's fingerprint index: its probes compare fingerprints in the buckets, so it can be fuller; its rebuilds
+# need no key reads (the home is in the entry), so they are cheap, and every disk key costs 8 / load bytes of host
+# memory. (The host index's rebuilds read each entry's key from the key column at random, so it keeps the larger
+# steps: fewer rebuilds as tombstones accumulate.)
+MAX_LOAD = 0.8
 DISK_GROWTH = 1.15
 DISK_LOW_LOAD = MAX_LOAD / DISK_GROWTH
 MIN_BUCKETS = 8
@@ -225,10 +231,10 @@ class KeyIndex:
     @staticmethod
     def max_buckets(max_keys: int, partitions: int) -> int:
         """Buckets reserved per partition: room for twice its share of keys (hashing spreads keys evenly)."""
-        return int(2 * max_keys / partitions / LOW_LOAD) + 2 * MIN_BUCKETS
+        return int(2 * max_keys / partitions / HOST_LOW_LOAD) + 2 * MIN_BUCKETS
 
     def __len__(self) -> int:
-        return len(self._table)
+        return int(self._counts[1] - self._counts[0])  # slots handed out less those freed: no pass over the table
 
     @property
     def nbytes(self) -> int:
@@ -240,7 +246,7 @@ class KeyIndex:
     def nbytes_for(capacity: int) -> int:
         """An upper bound of :attr:`nbytes` with ``capacity`` keys: the stores' budget arithmetic."""
         parts = partitions_for(capacity)
-        return capacity * 12 + 4 * (parts * (MIN_BUCKETS + 1) + int(np.ceil(capacity / LOW_LOAD)) + parts)
+        return capacity * 12 + 4 * (parts * (MIN_BUCKETS + 1) + int(np.ceil(capacity / HOST_LOW_LOAD)) + parts)
 
     def reserve(self, num_keys: int) -> None:
         """Check that ``num_keys`` keys fit.
@@ -285,7 +291,8 @@ class KeyIndex:
         slots[:reused] = self._free[num_free - reused : num_free][::-1]
         slots[reused:] = np.arange(capacity, capacity + n - reused)
         self._key[slots] = values
-        full = ops.key_index_insert(*self._table.state, self._key_column, torch.from_numpy(slots), MAX_LOAD, LOW_LOAD)
+        full = ops.key_index_insert(*self._table.state, self._key_column, torch.from_numpy(slots), HOST_MAX_LOAD,
+                                    HOST_LOW_LOAD)
         if full != -1:  # nothing was indexed: the slots stay where they were
             if full >= 0:
                 raise self._table.full_error(full, "KeyIndex")
@@ -317,7 +324,7 @@ class KeyIndex:
         """
         self.reserve(len(self) + keys.numel())
         slots, positions, full = ops.key_index_upsert(*self._table.state, self._key_column, *self._slot_state,
-                                                      stamps, keys, stamp, MAX_LOAD, LOW_LOAD)
+                                                      stamps, keys, stamp, HOST_MAX_LOAD, HOST_LOW_LOAD)
         if full >= 0:
             raise self._table.full_error(full, "KeyIndex")
         return slots, positions
