@@ -6,7 +6,8 @@ ones, starting from an empty table. Reported: the first batch (table filling up)
 pandas' khash (``Int64HashTable.get_labels``) when pandas is installed (it is not a dependency; ``pip install pandas``
 into the benchmark's environment). IdMap and khash take turns batch by batch, so both see the same machine load.
 Target: >= 100 M IDs/s single-threaded for 1,048,576 IDs per batch into a 10 M-slot table (later batches: about half
-of their IDs are new, each a probe of a cold bucket of the 256 MB table).
+of their IDs are new, each a probe of a cold bucket of the 256 MB table). What bounds it is printed beside: as many
+random 16-byte reads from a table of that size as a later batch has distinct IDs, timed in the same run.
 
 Run briefly, pinned to one core::
 
@@ -23,7 +24,8 @@ from typing import Callable, List, Tuple
 import numpy as np
 import torch
 
-from torchrec_ascend.hash.id_map import IdMap
+from torchrec_ascend.hash.id_map import IdMap, num_buckets_for
+from torchrec_ascend.native.memory import huge_page_full
 
 # Odd multiplier (a bijection mod 2**63) that scatters Zipf ranks over the whole int64 ID range.
 SCRAMBLE = 0x9E3779B97F4A7C15
@@ -89,6 +91,20 @@ def pandas_khash(capacity: int) -> Callable[[torch.Tensor], object]:
     return step
 
 
+def random_reads(capacity: int, count: int, repeats: int = 5) -> float:
+    """Median seconds of ``count`` random 16-byte reads (torch's ``index_select``) from a table the size of an
+    IdMap's buckets: what touching one cold bucket per distinct ID of a batch costs on this machine's memory."""
+    table = huge_page_full((num_buckets_for(capacity), 2), 0, torch.int64)
+    g = torch.Generator().manual_seed(0)
+    seconds = []
+    for _ in range(repeats):
+        rows = torch.randint(0, table.shape[0], (count,), generator=g)
+        start = time.perf_counter()
+        table.index_select(0, rows)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
 def rate(batch_size: int, seconds: float) -> float:
     return batch_size / seconds / 1e6
 
@@ -123,6 +139,8 @@ def main() -> None:
         khash = []
     timed = time_batches([ours(args.capacity), *khash], batches)
     _, ours_later = report("IdMap (native)", args.batch_size, timed[0])
+    if len(batches) > 1:
+        print_memory_bound(args, batches)
     dict_seconds = time_batches([python_dict()], batches[: args.dict_batches])[0]
     _, dict_later = report("Python dict", args.batch_size, dict_seconds)
     print(f"ratio IdMap / dict:  {ours_later / dict_later:6.1f}x (later-batch medians)")
@@ -131,6 +149,16 @@ def main() -> None:
         return
     _, khash_later = report("pandas khash", args.batch_size, timed[1])
     print(f"ratio IdMap / khash: {ours_later / khash_later:6.1f}x (later-batch medians)")
+
+
+def print_memory_bound(args: argparse.Namespace, batches: List[torch.Tensor]) -> None:
+    """What bounds the later batches: each distinct ID probes its bucket at least once, a cache miss for the rare
+    ones in a table of 16 bytes a bucket far beyond the caches."""
+    distinct = int(statistics.median(len(torch.unique(ids)) for ids in batches[1:]))
+    seconds = random_reads(args.capacity, distinct)
+    print(f"random reads: {distinct} distinct IDs per later batch (median); {distinct} random 16-byte reads from a "
+          f"table of the IdMap's size (torch index_select) take {seconds * 1e3:.2f} ms: "
+          f"{rate(args.batch_size, seconds):.1f} M IDs/s if each distinct ID cost one such read and nothing else")
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ def parse_id_map(text: str) -> Dict[str, Any]:
     rows = [{"contender": name, "first batch M IDs/s": float(m["first"]), "later batches M IDs/s": float(m["later"]),
              "later batches": int(m["n"]), "vs dict": float(m["later"]) / dict_rate} for name, m in found.items()]
     lines = text.splitlines()
-    notes = lines[:1] + [line.strip() for line in lines if "skipped" in line or line.startswith("ratio IdMap / khash")]
+    noted = ("ratio IdMap / khash", "random reads")
+    notes = lines[:1] + [line.strip() for line in lines if "skipped" in line or line.startswith(noted)]
     ours = float(found["IdMap (native)"]["later"])
     return make_result("IdMap.insert_or_lookup, Zipf(1.05) batches, one thread",
                        "a Python dict, same batches, same run", rows,
