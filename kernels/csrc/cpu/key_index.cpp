@@ -93,6 +93,18 @@ void check_slot_state(
       " and free <= most free <= ", slots, "; the index state is corrupted");
 }
 
+// An entry's home in a rebuilt partition of the host index: from its key, read from the key column at random, so
+// rebuilds prefetch it ahead (make_room's `prefetch`).
+struct HostHome {
+  const int64_t* key;
+  int64_t operator()(uint32_t e, int64_t size) const {
+    return scale_to(index_hash(key[e - 1]) >> 32, 32, size);
+  }
+  void operator()(uint32_t e) const {
+    __builtin_prefetch(key + e - 1, 0, 1);
+  }
+};
+
 // Partition and home of each key of the host index (homes at the current sizes).
 struct Placement {
   std::vector<int64_t> part;
@@ -210,9 +222,7 @@ at::Tensor key_index_insert_cpu(
     new_key[i] = key[slot[i]];
     incoming[index_hash(new_key[i]) & mask] += 1;
   }
-  const int64_t full = table.make_room(incoming, max_load, low_load, [&](uint32_t e, int64_t size) {
-    return scale_to(index_hash(key[e - 1]) >> 32, 32, size);
-  });
+  const int64_t full = table.make_room(incoming, max_load, low_load, HostHome{key}, HostHome{key});
   if (full >= 0) {
     return at::scalar_tensor(full, sizes.options());
   }
@@ -306,9 +316,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> key_index_upsert_cpu(
         !check_all || absent <= slots_left, op, ": ", absent, " keys are new but only ", slots_left,
         " slots are left; the store must make room before it puts them");
   }
-  const int64_t full = table.make_room(incoming, max_load, low_load, [&](uint32_t e, int64_t size) {
-    return scale_to(index_hash(key[e - 1]) >> 32, 32, size);
-  });
+  const int64_t full = table.make_room(incoming, max_load, low_load, HostHome{key}, HostHome{key});
   at::Tensor slots_t = at::empty({n}, keys.options());
   at::Tensor positions_t = at::empty({n}, keys.options());
   if (full >= 0) {

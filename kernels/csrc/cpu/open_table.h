@@ -21,6 +21,14 @@
 namespace torchrec_ascend {
 
 constexpr int64_t kMinBuckets = 8;
+// Entries ahead whose home's inputs a rebuild prefetches (see OpenTable::make_room's `prefetch`).
+constexpr size_t kRehashAhead = 16;
+
+// make_room's default `prefetch`: homes computed from the entry alone need nothing fetched.
+struct NoPrefetch {
+  template <typename T>
+  void operator()(T) const {}
+};
 
 // The hash every key index uses: splitmix64 of key + the Weyl increment (key_index.py's mix64).
 inline uint64_t index_hash(int64_t key) {
@@ -139,9 +147,12 @@ class OpenTable {
   }
 
   // Rebuilds the partitions that `incoming[p]` more keys would fill past max_load. Returns -1, or (changing
-  // nothing) the first partition that would need more than `stride` buckets.
-  template <typename HomeOf>
-  int64_t make_room(const std::vector<int64_t>& incoming, double max_load, double low_load, HomeOf&& home_of) {
+  // nothing) the first partition that would need more than `stride` buckets. `home_of(entry, size)` is an entry's
+  // home at a new size; `prefetch(entry)` is called kRehashAhead entries before it, for homes that read memory.
+  template <typename HomeOf, typename Prefetch = NoPrefetch>
+  int64_t make_room(
+      const std::vector<int64_t>& incoming, double max_load, double low_load, HomeOf&& home_of,
+      Prefetch&& prefetch = Prefetch{}) {
     std::vector<int64_t> due;
     for (int64_t p = 0; p < partitions_; ++p) {
       if (over_load(p, incoming[p], max_load)) {
@@ -152,15 +163,15 @@ class OpenTable {
       }
     }
     for (const int64_t p : due) {
-      rehash(p, rebuilt_size(live_[p] + incoming[p], low_load), home_of);
+      rehash(p, rebuilt_size(live_[p] + incoming[p], low_load), home_of, prefetch);
     }
     return -1;
   }
 
  private:
   // Rebuilds partition p with `size` buckets and no tombstones; pages no longer used go back to the system.
-  template <typename HomeOf>
-  void rehash(int64_t p, int64_t size, HomeOf&& home_of) {
+  template <typename HomeOf, typename Prefetch>
+  void rehash(int64_t p, int64_t size, HomeOf&& home_of, Prefetch&& prefetch) {
     T* r = region(p);
     const int64_t old_size = size_[p];
     std::vector<T> entries;
@@ -176,8 +187,11 @@ class OpenTable {
     }
     size_[p] = size;
     live_[p] = used_[p] = 0;
-    for (const T entry : entries) {
-      insert(p, home_of(entry, size), entry);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (i + kRehashAhead < entries.size()) {
+        prefetch(entries[i + kRehashAhead]);
+      }
+      insert(p, home_of(entries[i], size), entries[i]);
     }
   }
 
