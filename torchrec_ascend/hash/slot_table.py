@@ -187,7 +187,8 @@ class SlotTable(torch.nn.Module):
         # Positions, then index_select / index_copy_ / index_fill_: a boolean mask index is a nonzero per use, and an
         # index_put of a scalar costs 4x an index_fill_ (this path runs per table per batch).
         hit_pos, missing = hit.nonzero().squeeze(1), (~hit).nonzero().squeeze(1)
-        self.counters["hits"] += int(counts.index_select(0, hit_pos).sum())
+        hit_counts = counts.index_select(0, hit_pos)
+        self.counters["hits"] += int(hit_counts.sum())
         if not training and known is None:
             self.counters["unknown_in_eval"] += missing.numel()
             return Assignment(slots=torch.where(hit, slots_u, self.default_slot).index_select(0, inverse),
@@ -197,14 +198,17 @@ class SlotTable(torch.nn.Module):
         hit_slots = slots_u.index_select(0, hit_pos)
         self.last_used.index_fill_(0, hit_slots, self.step)
         missing_ids = unique.index_select(0, missing)
-        if training:
-            admitted = self._admit(missing_ids, counts.index_select(0, missing), known,
-                                   _select(signals, inverse, missing))
-        else:  # eval with lower tiers: bring their rows in, insert nothing new
+        admitted: Optional[torch.Tensor] = None  # None: every missing ID gets a row
+        if not training:  # eval with lower tiers: bring their rows in, insert nothing new
             admitted = known(missing_ids)  # type: ignore[misc]  # not None: eval without it returned above
             self.counters["unknown_in_eval"] += int(missing.numel() - admitted.sum())
-        new_pos = missing if bool(admitted.all()) else missing[admitted]
-        new_ids = unique.index_select(0, new_pos)
+        elif self.admission is not None:
+            admitted = self._admit(missing_ids, counts.index_select(0, missing), known,
+                                   _select(signals, inverse, missing))
+        if admitted is None or bool(admitted.all()):
+            new_pos, new_ids = missing, missing_ids
+        else:
+            new_pos, new_ids = missing[admitted], missing_ids[admitted]
         if training:
             self.counters["rejected"] += int(missing.numel() - new_pos.numel())
 
@@ -220,8 +224,7 @@ class SlotTable(torch.nn.Module):
         if self.eviction is not None:
             self.eviction.on_insert(new_slots, new_ids, self.step, counts=counts.index_select(0, new_pos))
             self.cadence.on_insert(new_slots, self.step)  # type: ignore[union-attr]  # cadence exists whenever eviction does
-            self.eviction.on_access(hit_slots, unique.index_select(0, hit_pos), counts.index_select(0, hit_pos),
-                                    self.step)
+            self.eviction.on_access(hit_slots, unique.index_select(0, hit_pos), hit_counts, self.step)
         return Assignment(
             slots=slots_u.index_select(0, inverse),
             new_slots=new_slots,
@@ -470,8 +473,7 @@ class SlotTable(torch.nn.Module):
         known: Optional[Callable[[torch.Tensor], torch.Tensor]],
         signals: Optional[Dict[str, torch.Tensor]],
     ) -> torch.Tensor:
-        if self.admission is None:
-            return torch.ones(candidates.shape, dtype=torch.bool)
+        assert self.admission is not None  # assign admits every candidate of a table without admission
         admitted = known(candidates) if known is not None else torch.zeros(candidates.shape, dtype=torch.bool)
         fresh = ~admitted
         if fresh.any():
@@ -509,7 +511,9 @@ class SlotTable(torch.nn.Module):
                 "size."
             )
         num = self.cadence.num_to_evict(free + expired.numel(), needed, available, self.step)
-        victims = torch.cat([expired, self.cadence.select(self.eviction, num, evictable, self.step)])
+        victims = self.cadence.select(self.eviction, num, evictable, self.step)
+        if expired.numel():
+            victims = torch.cat([expired, victims])
         if not victims.numel():
             return _EMPTY, _EMPTY
         victim_ids = self.slot_ids.index_select(0, victims)
