@@ -37,6 +37,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 import numpy as np
 
 from torchrec_ascend.errors import StorageError
+from torchrec_ascend.native.memory import plain_empty
 
 FORMAT_VERSION = 1
 MAGIC = b"TRACKPT\x00"
@@ -374,7 +375,7 @@ def read_array(path: str, entry: Dict[str, Any], what: str, verified: Optional[F
                     f"checkpoint file '{path}' is truncated: {what} needs bytes {offset}..{offset + nbytes} but the "
                     f"file has {size}; load an earlier checkpoint version"
                 )
-            out = np.empty(shape, dtype=dtype)
+            out = plain_empty(shape, dtype)  # no huge-page advice: its faults would wait on writeback
             f.seek(offset)
             view = memoryview(out).cast("B") if nbytes else memoryview(bytearray())  # type: ignore[arg-type]  # numpy types ndarray as a buffer only for Python >= 3.12
             if f.readinto(view) != nbytes:

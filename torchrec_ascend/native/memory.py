@@ -1,4 +1,4 @@
-"""Host memory for the native ops' large random-access tables: transparent huge pages where the system offers them.
+"""Host memory for large buffers: huge pages where they help, none where they stall.
 
 A table probed at random (the ID map's buckets: 256 MB for 10M slots) misses the TLB on nearly every probe with
 4 KiB pages; backed by 2 MiB pages its whole span fits the TLB's reach. Linux in its default ``madvise`` mode gives
@@ -6,21 +6,29 @@ huge pages only to memory asked for with ``madvise(MADV_HUGEPAGE)`` before it is
 :func:`huge_page_full` does. Elsewhere (another OS, THP off, no libc) the tensor is an ordinary one: the advice is a
 hint, never a requirement, and never changes a value.
 
+A buffer a read fills at once (checkpoint arrays, disk-tier records) wants the opposite: :func:`plain_empty` gives
+it memory without the huge-page advice numpy attaches to large arrays, whose first touch may wait on memory
+compaction.
+
 Example::
 
     buckets = huge_page_full((1 << 20, 2), -1, torch.int64)  # an ordinary int64 tensor filled with -1
+    records = plain_empty((4096, 36), np.uint64)  # an ordinary numpy array, to read into
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import math
 import sys
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
+from numpy.typing import DTypeLike
 
-__all__ = ["huge_page_full"]
+__all__ = ["huge_page_full", "plain_empty"]
 
 HUGE_PAGE = 2 << 20  # x86-64 and aarch64 (4 KiB base pages) transparent huge page size
 MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
@@ -67,3 +75,26 @@ def huge_page_full(shape: Sequence[int], value: int, dtype: torch.dtype) -> torc
     if _LIBC is not None and last > first:
         _LIBC.madvise(first, last - first, MADV_HUGEPAGE)  # a refusal (THP off, old kernel) leaves 4 KiB pages
     return out.fill_(value)
+
+
+def plain_empty(shape: Sequence[int], dtype: DTypeLike) -> np.ndarray:
+    """``np.empty(shape, dtype)`` in memory given no huge-page advice: for large buffers a read fills at once.
+
+    numpy advises huge pages for every array of 4 MiB or more (its default on Linux), and the first touch of such
+    memory may compact memory synchronously, which waits on the page cache being written out: reading 32 MB from the
+    page cache into one took 0.3-0.5 s instead of 10 ms while a restore wrote the disk tier. torch's allocator gives
+    no advice (unless the user asks it to with ``THP_MEM_ALLOC_ENABLE``).
+
+    Args:
+        shape (Sequence[int]): the array's shape.
+        dtype (DTypeLike): its element type.
+
+    Returns:
+        np.ndarray: a writable, uninitialised, C-contiguous array that keeps its memory alive.
+
+    Example::
+
+        rows = plain_empty((1 << 20, 36), np.uint64)  # 288 MiB, filled by a read
+    """
+    dtype = np.dtype(dtype)
+    return torch.empty(math.prod(shape) * dtype.itemsize, dtype=torch.uint8).numpy().view(dtype).reshape(tuple(shape))

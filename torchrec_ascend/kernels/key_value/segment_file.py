@@ -26,6 +26,7 @@ import torch
 
 from torchrec_ascend.errors import StorageError
 from torchrec_ascend.native import ops
+from torchrec_ascend.native.memory import plain_empty
 
 
 def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -129,7 +130,7 @@ class SegmentFile:
         """
         if not 0 <= start <= stop <= self.count:
             raise StorageError(f"segment file '{self.path}': records [{start}, {stop}) asked for, {self.count} written")
-        records = np.empty((stop - start, self.words), dtype=np.uint64)
+        records = plain_empty((stop - start, self.words), np.uint64)  # see plain_empty: faults that wait on writeback
         view, done = memoryview(records).cast("B"), 0  # type: ignore[arg-type]  # numpy types ndarray as a buffer only for Python >= 3.12
         while done < len(view):
             got = os.preadv(self._open_fd(), [view[done:]], start * self.record_bytes + done)
@@ -174,7 +175,7 @@ def read_records(segments: Sequence[SegmentFile], which: np.ndarray, offsets: np
     if offsets.size == 0:
         return np.empty((0, segments[0].words if segments else 0), dtype=np.uint64)
     words = segments[0].words
-    records = np.empty((offsets.size, words), dtype=np.uint64)
+    records = plain_empty((offsets.size, words), np.uint64)
     fds = np.array([seg._open_fd() for seg in segments], dtype=np.int64)[which]
     failed, error = ops.read_records(
         torch.from_numpy(fds), torch.from_numpy(np.ascontiguousarray(offsets, dtype=np.int64)), 8 * words,
