@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from torchrec_ascend.errors import ConfigError, StorageError
 from torchrec_ascend.kernels.key_value.disk_record import RecordFormat
+from torchrec_ascend.kernels.key_value import disk_store
 from torchrec_ascend.kernels.key_value.disk_store import DiskStore
 
 WIDTH = 6
@@ -273,3 +274,51 @@ def test_bulk_load_fills_an_empty_store_exactly_and_refuses_repeats(tmp_path):
         with pytest.raises(ConfigError, match="more than once"):
             store.bulk_load(iter([(torch.tensor([1, 2]), random_rows(2, 0)), (torch.tensor([2]), random_rows(1, 1))]))
         assert len(store) == 0 and not segment_files(store)
+
+
+def test_bulk_load_writes_behind_and_drops_what_it_wrote(tmp_path, monkeypatch):
+    record = RecordFormat(WIDTH, torch.float32).nbytes
+    monkeypatch.setattr(disk_store, "BULK_WRITE_BEHIND", 50 * record)
+    keys = torch.randint(0, 2**63 - 1, (3000,), generator=torch.Generator().manual_seed(5)).unique()
+    rows = random_rows(keys.numel(), 14)
+    synced, dropped = [], {}  # fds synced in order; per path, the spans dropped from the page cache
+    real_sync, real_advise = os.fdatasync, os.posix_fadvise
+
+    def fdatasync(fd):
+        synced.append(fd)
+        real_sync(fd)
+
+    def posix_fadvise(fd, offset, length, advice):
+        assert synced and synced[-1] == fd and advice == os.POSIX_FADV_DONTNEED  # dropped only once written out
+        dropped.setdefault(os.readlink(f"/proc/self/fd/{fd}"), []).append((offset, offset + length))
+        real_advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "posix_fadvise", posix_fadvise)
+    with DiskStore(str(tmp_path), WIDTH, segment_bytes=700 * record) as store:
+        store.bulk_load(zip(keys.split(999), rows.split(999)))
+        monkeypatch.undo()
+        got, found = store.get(keys)
+        assert found.all() and same_bytes(got, rows)
+        files = segment_files(store)
+        assert len(files) == -(-keys.numel() // 700) and sorted(dropped) == files
+        for path, spans in dropped.items():  # written behind from the start, in order, never past the file's end
+            ends = [0] + [end for _, end in spans]
+            assert [start for start, _ in spans] == ends[:-1] and ends[-1] <= os.path.getsize(path)
+            assert os.path.getsize(path) - ends[-1] < 50 * record  # less than the threshold is left behind
+
+
+def test_bulk_load_that_cannot_sync_loads_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(disk_store, "BULK_WRITE_BEHIND", 1)
+
+    def fdatasync(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    with DiskStore(str(tmp_path), WIDTH, name="item_id") as store:
+        with pytest.raises(StorageError, match=r"item_id.*Input/output error.*nothing was stored"):
+            store.bulk_load(iter([(torch.arange(10), random_rows(10, 15))]))
+        monkeypatch.undo()
+        assert len(store) == 0 and not segment_files(store)
+        store.bulk_load(iter([(torch.arange(10), random_rows(10, 15))]))  # usable once the disk works
+        assert same_bytes(store.get(torch.arange(10))[0], random_rows(10, 15))

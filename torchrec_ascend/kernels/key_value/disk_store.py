@@ -50,6 +50,7 @@ from .segment_file import SegmentFile, read_records
 DEFAULT_SEGMENT_BYTES = 256 << 20
 MAX_KEYS_IN_MESSAGE = 8
 BULK_PIECE_ROWS = 8192  # rows a bulk load encodes and writes at once
+BULK_WRITE_BEHIND = 64 << 20  # bytes a bulk load leaves in the page cache per file (see SegmentFile.append)
 ACTIVE_GARBAGE_BYTES = 1 << 20  # garbage of the segment being appended to worth compacting (see DiskStore)
 PARTITIONS = 256
 MAX_BUCKETS = 1 << 25  # per partition: 256 * 2**25 * 0.8 = 6.8e9 keys at most, 64 GiB of address space
@@ -221,7 +222,9 @@ class DiskStore:
 
         While loading, the keys and buckets of every row are held (16 bytes a row, besides the index itself); they
         are handed back to the system when it returns. Each chunk is encoded and written in pieces of
-        :data:`BULK_PIECE_ROWS` rows, so the load holds one chunk and one piece at a time.
+        :data:`BULK_PIECE_ROWS` rows, so the load holds one chunk and one piece at a time, and the files are written
+        behind (:data:`BULK_WRITE_BEHIND`): a restore of a table larger than memory leaves no gigabytes of dirty
+        page cache behind it.
 
         Returns:
             int: the rows loaded.
@@ -245,7 +248,8 @@ class DiskStore:
                 keys = check_keys(keys, self.where)
                 rows = check_rows(rows, keys.numel(), self.width, self.dtype, self.where)
                 locations = np.concatenate([  # encoded in pieces: the records of a chunk are never all held
-                    self._append(self._format.encode(k, r, sealed=False, out=piece), f"{k.numel()} rows")
+                    self._append(self._format.encode(k, r, sealed=False, out=piece), f"{k.numel()} rows",
+                                 BULK_WRITE_BEHIND)
                     for k, r in zip(keys.split(BULK_PIECE_ROWS), rows.split(BULK_PIECE_ROWS))
                 ] or [np.empty(0, dtype=np.int64)])
                 part, fingerprint, _ = self._hash(keys.numpy())
@@ -492,8 +496,9 @@ class DiskStore:
         del self._segments[seg.segment_id]
         heapq.heappush(self._free_ids, seg.segment_id)
 
-    def _append(self, records: np.ndarray, what: str) -> np.ndarray:
+    def _append(self, records: np.ndarray, what: str, write_behind: Optional[int] = None) -> np.ndarray:
         """Seal and append records, opening segments as needed; return each record's location (int64).
+        ``write_behind``: see :meth:`SegmentFile.append`.
 
         All or nothing: on failure every touched file is cut back, new files are deleted, and StorageError says
         which file failed and why.
@@ -514,7 +519,7 @@ class DiskStore:
                 take = min(records.shape[0] - position, self.segment_records - seg.count)
                 piece = slice(position, position + take)
                 locations[piece] = seg.segment_id * self.segment_records + np.arange(seg.count, seg.count + take)
-                seg.append(self._format.seal(records[piece], locations[piece]))
+                seg.append(self._format.seal(records[piece], locations[piece]), write_behind)
                 position += take
                 self._active = seg
         except OSError as error:
