@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from torchrec_ascend.errors import ConfigError, StorageError
-from torchrec_ascend.kernels.key_value.disk_record import RecordFormat
 from torchrec_ascend.kernels.key_value import disk_store
+from torchrec_ascend.kernels.key_value.disk_record import RecordFormat
 from torchrec_ascend.kernels.key_value.disk_store import DiskStore
 
 WIDTH = 6
