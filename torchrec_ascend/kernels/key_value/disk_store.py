@@ -22,8 +22,9 @@ Such stores would also add a native dependency that must build for every target 
 durability machinery (write-ahead logs, fsync, transactions) that a cache tier does not need: checkpoints are
 written separately, through :meth:`DiskStore.chunks`. Plain files give the page cache for free.
 
-Not durable by design: the index lives in memory and segment files are not fsync'ed; a store starts empty in a
-fresh subdirectory of ``directory`` and deletes it on :meth:`DiskStore.close`. Not thread-safe.
+Not durable by design: the index lives in memory and segment files are not fsync'ed for durability (a bulk load
+syncs what it wrote only to keep its dirty page cache bounded); a store starts empty in a fresh subdirectory of
+``directory`` and deletes it on :meth:`DiskStore.close`. Not thread-safe.
 """
 
 from __future__ import annotations
