@@ -1,17 +1,20 @@
 """huge_page_full against torch.full (the oracle): same values, shape, dtype and layout, whatever the size; plain_empty
-against np.empty: same shape, dtype and layout, and memory without the huge-page advice numpy gives large arrays."""
+against np.empty: same shape, dtype and layout, and memory without the huge-page advice numpy gives large arrays;
+no_numpy_huge_pages: no advice inside, numpy's own setting back after, however blocks nest or overlap in threads."""
 
 from __future__ import annotations
 
 import gc
 import sys
+import threading
 from typing import List
 
 import numpy as np
 import pytest
 import torch
 
-from torchrec_ascend.native.memory import HUGE_PAGE, huge_page_full, plain_empty
+from torchrec_ascend.native import memory
+from torchrec_ascend.native.memory import HUGE_PAGE, huge_page_full, no_numpy_huge_pages, plain_empty
 
 
 @pytest.mark.parametrize(
@@ -66,3 +69,57 @@ def test_plain_empty_memory_is_not_advised_huge_pages() -> None:
     if "hg" not in vm_flags(advised.ctypes.data + middle):
         pytest.skip("numpy gives no huge-page advice here (NUMPY_MADVISE_HUGEPAGE=0 or an old kernel)")
     assert "hg" not in vm_flags(plain.ctypes.data + middle)
+
+
+def numpy_advice_on() -> bool:
+    switch = memory._ADVICE_SWITCH
+    current = switch(False)
+    switch(current)
+    return current
+
+
+@pytest.mark.skipif(memory._ADVICE_SWITCH is None, reason="this numpy has no huge-page advice switch")
+def test_no_numpy_huge_pages_turns_numpy_advice_off_then_back() -> None:
+    before = numpy_advice_on()
+    with no_numpy_huge_pages():
+        with no_numpy_huge_pages():  # nested: the inner block's end changes nothing
+            pass
+        assert not numpy_advice_on()
+    assert numpy_advice_on() == before
+
+
+def test_no_numpy_huge_pages_in_overlapping_threads_restores_the_setting(monkeypatch) -> None:
+    setting = [True]
+
+    def switch(enabled: bool) -> bool:
+        before, setting[0] = setting[0], enabled
+        return before
+
+    monkeypatch.setattr(memory, "_ADVICE_SWITCH", switch)
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []  # the setting inside the second block after the first one left
+
+    def first() -> None:
+        with no_numpy_huge_pages():
+            first_in.set()
+            second_in.wait()
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait()
+        with no_numpy_huge_pages():
+            second_in.set()
+            first_out.wait()
+            seen.append(setting[0])
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == [False]  # the first block's end left the advice off for the second one
+    assert setting == [True]  # the last block out restored numpy's own setting
+    with pytest.raises(ValueError):  # an error inside still restores it
+        with no_numpy_huge_pages():
+            raise ValueError("boom")
+    assert setting == [True]

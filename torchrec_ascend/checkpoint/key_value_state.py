@@ -55,6 +55,7 @@ from torchrec_ascend.errors import CapacityError, ConfigError
 from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
 from torchrec_ascend.kernels.shard_checkpoint import ShardRows
 from torchrec_ascend.kernels.walk import sharded_kernels
+from torchrec_ascend.native.memory import no_numpy_huge_pages
 
 WEIGHTS, IDS = 0, 1  # parts of a table view; optimizer state k is part 2 + k
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -104,6 +105,7 @@ class TableView:
             isinstance(other, TableView) and other.kernel is self.kernel and other.t == self.t and other.applied
         )
 
+    @no_numpy_huge_pages()
     def read(self, part: int, row0: int, rows: int) -> torch.Tensor:
         self.settle()
         if part == IDS:
@@ -126,6 +128,7 @@ class TableView:
             values = values[:, 0]
         return values.to(self.dtype(part))
 
+    @no_numpy_huge_pages()
     def write(self, part: int, row0: int, col0: int, values: torch.Tensor) -> None:
         if self.applied:
             raise ConfigError(
@@ -151,6 +154,7 @@ class TableView:
 
     # -- loads --------------------------------------------------------------------------------------------------------
 
+    @no_numpy_huge_pages()
     def settle(self, expect_handed_out: bool = True) -> None:
         """Apply the values written into this view to the table, if any (see the module docstring).
 

@@ -51,6 +51,7 @@ from torchrec_ascend.checkpoint.versions import (
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.fused import HashRows
 from torchrec_ascend.kernels.walk import sharded_kernels
+from torchrec_ascend.native.memory import no_numpy_huge_pages
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class Saver:
         self.rank = rank
         self.process_group = process_group
 
+    @no_numpy_huge_pages()
     def save(self, model: torch.nn.Module, path: str, incremental: bool = False) -> CheckpointInfo:
         """Save the model's tables as a new version under ``path`` (collective: every rank calls it).
 
@@ -128,6 +130,7 @@ class Saver:
             kernel.slot_table(t).mark_checkpoint(token)
         return CheckpointInfo.of(directory, metadata)
 
+    @no_numpy_huge_pages()
     def load(
         self, model: torch.nn.Module, path: str, version: Optional[int] = None, strict: bool = True
     ) -> CheckpointInfo:
