@@ -43,7 +43,7 @@ from torchrec_ascend.native import ops
 
 # The host index compares the full key (a read of the key column at random) at every entry a probe meets, and a
 # put probes each new key to the end of its chain: at these loads the chains are about half as long as at the disk
-# index's (a put of 2,565 keys 279 -> 194 us in the KEY_VALUE benchmark), for about 2 more bytes per host row,
+# index's (a put of about 1,300 keys 279 -> 194 us in the KEY_VALUE benchmark), for about 2 more bytes per host row,
 # whose row is 64 bytes or more.
 HOST_MAX_LOAD = 0.6  # a partition is rehashed before more of its buckets than this are used (live or tombstone)
 GROWTH = 1.3  # a rehash sizes the partition for its keys at HOST_MAX_LOAD / GROWTH
