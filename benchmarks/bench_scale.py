@@ -69,8 +69,8 @@ from torchrec_ascend.checkpoint.restore import available_memory
 from torchrec_ascend.errors import StorageError
 from torchrec_ascend.kernels.key_value import cache_metrics
 from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
-from torchrec_ascend.kernels.key_value.key_index import trim_heap
 from torchrec_ascend.kernels.walk import sharded_kernels
+from torchrec_ascend.native.memory import trim_heap
 
 HERE = Path(__file__).resolve().parent
 REPORT = HERE / "REPORT.md"

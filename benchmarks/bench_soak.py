@@ -43,8 +43,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from results import make_result, target, write_result
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.kernels.key_value.disk_record import RecordFormat
-from torchrec_ascend.kernels.key_value.key_index import trim_heap
 from torchrec_ascend.kernels.walk import sharded_kernels
+from torchrec_ascend.native.memory import trim_heap
 
 MEMORY_GROWTH, DISK_RATIO = 0.05, 2.0
 

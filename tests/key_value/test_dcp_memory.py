@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent(
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
     from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
-    from torchrec_ascend.kernels.key_value.key_index import trim_heap
+    from torchrec_ascend.native.memory import trim_heap
     from torchrec_ascend.kernels.walk import sharded_kernels
 
     ROWS, DIM = {ROWS}, {DIM}

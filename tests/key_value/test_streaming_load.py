@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent(
     from torchrec.distributed.types import CacheParams, KeyValueParams, ShardingEnv
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
     from torchrec_ascend import HashEmbeddingBagConfig, Saver, get_default_hybrid_sharders
-    from torchrec_ascend.kernels.key_value.key_index import trim_heap
+    from torchrec_ascend.native.memory import trim_heap
     from torchrec_ascend.kernels.walk import sharded_kernels
     from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 

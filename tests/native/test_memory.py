@@ -7,14 +7,14 @@ from __future__ import annotations
 import gc
 import sys
 import threading
-from typing import List
+from typing import Dict, List
 
 import numpy as np
 import pytest
 import torch
 
 from torchrec_ascend.native import memory
-from torchrec_ascend.native.memory import HUGE_PAGE, huge_page_full, no_numpy_huge_pages, plain_empty
+from torchrec_ascend.native.memory import HUGE_PAGE, huge_page_full, no_numpy_huge_pages, plain_empty, reserve
 
 
 @pytest.mark.parametrize(
@@ -47,18 +47,28 @@ def test_plain_empty_is_like_np_empty(shape, dtype) -> None:
     assert (out == 3).all()
 
 
-def vm_flags(address: int) -> List[str]:
-    """The VmFlags of the mapping holding ``address`` (``hg``: advised huge pages)."""
+def mapping_fields(address: int) -> Dict[str, List[str]]:
+    """The /proc/self/smaps fields of the mapping holding ``address`` (``VmFlags`` ``hg``: advised huge pages;
+    ``Rss``: resident kB)."""
+    fields: Dict[str, List[str]] = {}
     with open("/proc/self/smaps") as smaps:
         inside = False
         for line in smaps:
             first = line.split()[0]
             if "-" in first and not first.endswith(":"):  # a mapping's first line: start-end perms ...
+                if inside:
+                    return fields
                 start, end = (int(bound, 16) for bound in first.split("-"))
                 inside = start <= address < end
-            elif inside and line.startswith("VmFlags:"):
-                return line.split()[1:]
+            elif inside:
+                fields[first.rstrip(":")] = line.split()[1:]
+    if inside:
+        return fields
     raise AssertionError(f"no mapping holds address {address:#x}")
+
+
+def vm_flags(address: int) -> List[str]:
+    return mapping_fields(address)["VmFlags"]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge-page advice is Linux's")
@@ -69,6 +79,25 @@ def test_plain_empty_memory_is_not_advised_huge_pages() -> None:
     if "hg" not in vm_flags(advised.ctypes.data + middle):
         pytest.skip("numpy gives no huge-page advice here (NUMPY_MADVISE_HUGEPAGE=0 or an old kernel)")
     assert "hg" not in vm_flags(plain.ctypes.data + middle)
+
+
+@pytest.mark.parametrize("dtype, length", [(np.int64, 0), (np.int32, 1), (np.uint8, 4097), (np.float32, 3 << 20)])
+def test_reserve_is_like_np_zeros(dtype, length) -> None:
+    out = reserve(dtype, length)
+    expected = np.zeros(length, dtype)
+    assert out.shape == expected.shape and out.dtype == expected.dtype and out.flags.writeable
+    assert (out == expected).all()
+    out[-1:] = 5
+    gc.collect()
+    assert (out[-1:] == 5).all() and (out[:-1] == 0).all()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_reserve_costs_memory_only_for_the_pages_written() -> None:
+    column = reserve(np.int64, 1 << 28)  # 2 GiB of address space
+    assert int(mapping_fields(column.ctypes.data)["Rss"][0]) == 0
+    column[: 1 << 17] = 1  # 1 MiB written
+    assert 1024 <= int(mapping_fields(column.ctypes.data)["Rss"][0]) < 2048 + 4  # kB: at most a huge page more
 
 
 def numpy_advice_on() -> bool:

@@ -1,4 +1,9 @@
-"""Host memory for large buffers: huge pages where they help, none where they stall.
+"""Host memory for large buffers: address space reserved up front, huge pages where they help, none where they stall.
+
+:func:`reserve` gives a zero-filled array over an anonymous mapping that costs memory only for the pages written:
+the KEY_VALUE stores' rows, keys and indexes grow inside it without ever copying or holding a second copy.
+:func:`trim_heap` hands the C heap's free pages back after bulk work; :func:`physical_memory_bytes` is the RAM every
+host budget is capped by.
 
 A table probed at random (the ID map's buckets: 256 MB for 10M slots) misses the TLB on nearly every probe with
 4 KiB pages; backed by 2 MiB pages its whole span fits the TLB's reach. Linux in its default ``madvise`` mode gives
@@ -13,6 +18,7 @@ work.
 
 Example::
 
+    column = reserve(np.int64, 1 << 30)  # 8 GiB of address space, a few KiB of memory
     buckets = huge_page_full((1 << 20, 2), -1, torch.int64)  # an ordinary int64 tensor filled with -1
     records = plain_empty((4096, 36), np.uint64)  # an ordinary numpy array, to read into
 """
@@ -24,6 +30,7 @@ import ctypes
 import ctypes.util
 import math
 import mmap
+import os
 import sys
 import threading
 from typing import Callable, Iterator, Optional, Sequence
@@ -32,11 +39,13 @@ import numpy as np
 import torch
 from numpy.typing import DTypeLike
 
-__all__ = ["huge_page_full", "no_numpy_huge_pages", "plain_empty"]
+__all__ = ["huge_page_full", "no_numpy_huge_pages", "physical_memory_bytes", "plain_empty", "reserve", "trim_heap"]
 
 HUGE_PAGE = 2 << 20  # x86-64 and aarch64 (4 KiB base pages) transparent huge page size
 MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
 NUMPY_ADVICE_BYTES = 4 << 20  # numpy advises huge pages for arrays this large and larger
+PAGE = mmap.PAGESIZE
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 
 
 def _libc() -> Optional[ctypes.CDLL]:
@@ -47,10 +56,11 @@ def _libc() -> Optional[ctypes.CDLL]:
         libc = ctypes.CDLL(name, use_errno=True) if name else None
     except OSError:
         return None
-    if libc is None or not hasattr(libc, "madvise"):
+    if libc is None:
         return None
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.madvise.restype = ctypes.c_int
+    if hasattr(libc, "madvise"):
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.madvise.restype = ctypes.c_int
     return libc
 
 
@@ -77,7 +87,7 @@ def huge_page_full(shape: Sequence[int], value: int, dtype: torch.dtype) -> torc
     end = begin + out.numel() * out.element_size()
     first = -(-begin // HUGE_PAGE) * HUGE_PAGE
     last = end // HUGE_PAGE * HUGE_PAGE
-    if _LIBC is not None and last > first:
+    if _LIBC is not None and hasattr(_LIBC, "madvise") and last > first:
         _LIBC.madvise(first, last - first, MADV_HUGEPAGE)  # a refusal (THP off, old kernel) leaves 4 KiB pages
     return out.fill_(value)
 
@@ -103,11 +113,54 @@ def plain_empty(shape: Sequence[int], dtype: DTypeLike) -> np.ndarray:
         rows = plain_empty((1 << 20, 36), np.uint64)  # 288 MiB, filled by a read
     """
     dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < NUMPY_ADVICE_BYTES:
+    if math.prod(shape) * dtype.itemsize < NUMPY_ADVICE_BYTES:
         return np.empty(shape, dtype)
-    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return np.frombuffer(buffer, dtype=dtype).reshape(tuple(shape))
+    return _mapped(dtype, math.prod(shape), flags=0).reshape(tuple(shape))
+
+
+def reserve(dtype: DTypeLike, length: int) -> np.ndarray:
+    """A zero-filled numpy array of ``length`` elements whose pages cost memory only once written.
+
+    An anonymous private mapping with no swap reservation: growing what is used of it never copies and never
+    holds a second copy, which ``np.resize`` or ``torch.cat`` would.
+
+    Example::
+
+        column = reserve(np.int64, 1 << 30)  # 8 GiB of address space, a few KiB of memory
+        column[:4] = 7
+    """
+    return _mapped(np.dtype(dtype), length, flags=_MAP_NORESERVE)
+
+
+def _mapped(dtype: np.dtype, length: int, flags: int) -> np.ndarray:
+    """A numpy array of ``length`` elements over an anonymous private mapping of its own (``flags`` added): memory
+    given no advice, zero until written, handed back to the system when the last view of it goes."""
+    buffer = mmap.mmap(-1, max(PAGE, length * dtype.itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flags)
+    return np.frombuffer(buffer, dtype=dtype, count=length)
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``; nothing elsewhere).
+
+    Many small arrays freed together (a bulk load's per-partition pieces) leave the heap fragmented: without this
+    the process keeps them resident, ~17 bytes a loaded row beyond the index.
+
+    Example::
+
+        trim_heap()
+    """
+    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
+
+
+def physical_memory_bytes() -> int:
+    """This machine's RAM in bytes (what no host tier can exceed).
+
+    Example::
+
+        physical_memory_bytes() // 2**30
+    """
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _numpy_advice_switch() -> Optional[Callable[[bool], bool]]:

@@ -42,9 +42,10 @@ import torch
 
 from torchrec_ascend.errors import ConfigError, StorageError
 from torchrec_ascend.native import ops
+from torchrec_ascend.native.memory import trim_heap
 
 from .disk_record import RecordFormat
-from .key_index import DISK_LOW_LOAD, MAX_LOAD, OpenTable, mix64, trim_heap
+from .key_index import DISK_LOW_LOAD, MAX_LOAD, OpenTable, mix64
 from .row_store import check_keys, check_rows, last_occurrence
 from .segment_file import SegmentFile, read_records
 

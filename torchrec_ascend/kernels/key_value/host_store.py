@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from torchrec_ascend.errors import ConfigError, StorageError
+from torchrec_ascend.native.memory import physical_memory_bytes, reserve
 
 from .disk_store import DiskStore
-from .key_index import KeyIndex, physical_memory_bytes, reserve
+from .key_index import KeyIndex
 from .row_chunks import RowChunks
 from .row_store import check_keys, check_rows, last_occurrence, tensor_nbytes
 

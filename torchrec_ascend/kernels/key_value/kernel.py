@@ -50,13 +50,13 @@ from torchrec_ascend.hash.configs import FUSED_PARAMS_KEY, hash_spec_of
 from torchrec_ascend.kernels import fused_optimizers
 from torchrec_ascend.kernels.fused import HashRows, place_vbe_output, pooled_lookup
 from torchrec_ascend.kernels.id_mapper import with_values
-from torchrec_ascend.kernels.key_value.key_index import reserve
 from torchrec_ascend.kernels.key_value.tier import HostDiskTier
 from torchrec_ascend.kernels.shard_checkpoint import ShardRows
 from torchrec_ascend.kernels.tbe_config import with_block_rows
 from torchrec_ascend.kernels.transfers import to_device, to_host
 from torchrec_ascend.kernels.walk import sharded_kernels
 from torchrec_ascend.native import ops
+from torchrec_ascend.native.memory import reserve
 
 logger = logging.getLogger(__name__)
 

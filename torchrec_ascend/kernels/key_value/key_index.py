@@ -28,10 +28,6 @@ Example::
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import mmap
-import os
 from typing import Optional, Tuple
 
 import numpy as np
@@ -40,6 +36,7 @@ from numpy.typing import DTypeLike
 
 from torchrec_ascend.errors import CapacityError
 from torchrec_ascend.native import ops
+from torchrec_ascend.native.memory import reserve
 
 # The host index compares the full key (a read of the key column at random) at every entry a probe meets, and a
 # put probes each new key to the end of its chain: at these loads the chains are about half as long as at the disk
@@ -56,44 +53,8 @@ MAX_LOAD = 0.8
 DISK_GROWTH = 1.15
 DISK_LOW_LOAD = MAX_LOAD / DISK_GROWTH
 MIN_BUCKETS = 8
-PAGE = mmap.PAGESIZE
-_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)
 _U64 = np.uint64
 _NO_STAMPS = torch.empty(0, dtype=torch.int32)  # key_index_pop without per-slot stamps
-
-
-def reserve(dtype: DTypeLike, length: int) -> np.ndarray:
-    """A zero-filled numpy array of ``length`` elements whose pages cost memory only once written.
-
-    An anonymous private mapping with no swap reservation: growing what is used of it never copies and never
-    holds a second copy, which ``np.resize`` or ``torch.cat`` would.
-
-    Example::
-
-        column = reserve(np.int64, 1 << 30)  # 8 GiB of address space, a few KiB of memory
-        column[:4] = 7
-    """
-    nbytes = max(PAGE, length * np.dtype(dtype).itemsize)
-    buffer = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
-    return np.frombuffer(buffer, dtype=dtype, count=length)
-
-
-def trim_heap() -> None:
-    """Hand the C heap's free pages back to the system (glibc ``malloc_trim``; nothing elsewhere).
-
-    Many small arrays freed together (a bulk load's per-partition pieces) leave the heap fragmented: without this
-    the process keeps them resident, ~17 bytes a loaded row beyond the index.
-
-    Example::
-
-        trim_heap()
-    """
-    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
-        _LIBC.malloc_trim(0)
-
-
-_LIBC_NAME = ctypes.util.find_library("c")
-_LIBC = ctypes.CDLL(_LIBC_NAME) if _LIBC_NAME else None
 
 
 def mix64(keys: np.ndarray) -> np.ndarray:
@@ -366,13 +327,3 @@ class KeyIndex:
         entries, _ = self._table.entries()
         slots = np.sort(entries.astype(np.int64) - 1)
         return torch.from_numpy(self._key[slots]), torch.from_numpy(slots)
-
-
-def physical_memory_bytes() -> int:
-    """This machine's RAM in bytes (what no host tier can exceed).
-
-    Example::
-
-        physical_memory_bytes() // 2**30
-    """
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .key_index import reserve
+from torchrec_ascend.native.memory import reserve
 
 
 class RowChunks:
