@@ -85,6 +85,22 @@ def test_a_save_holding_an_id_twice_is_refused() -> None:
             read_chain(chain)
 
 
+@pytest.mark.parametrize("damaged", [0, 1, 2, 3])
+def test_a_damaged_block_is_reported_wherever_it_is(damaged: int) -> None:
+    # Blocks are checked by several threads at once: a damaged first, middle or last block must fail the read.
+    with tempfile.TemporaryDirectory() as directory:
+        chain = saved_chain(directory, [(records(list(range(100, 120)), BASE.width, 0.0), [])])
+        folder, entry = chain[0]
+        assert len(entry["blocks"]) == 4
+        with open(os.path.join(folder, entry["file"]), "r+b") as f:
+            f.seek(entry["blocks"][damaged]["rows"]["offset"] + 3)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0x10]))
+        with pytest.raises(StorageError, match="the checksum of rows of table 't' does not match"):
+            read_chain(chain)
+
+
 @settings(deadline=None)
 @given(st.lists(st.integers(0, 2**63 - 1), max_size=50), st.integers(1, 6))
 def test_row_blocks_partition_the_ids(ids: List[int], buckets: int) -> None:

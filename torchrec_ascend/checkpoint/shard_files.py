@@ -16,9 +16,10 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import os
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -36,6 +37,11 @@ from torchrec_ascend.checkpoint.records import ShardRecords, concat
 from torchrec_ascend.checkpoint.schema import RECORD_FIELDS
 from torchrec_ascend.errors import StorageError
 from torchrec_ascend.kernels.fused import ShardRows
+
+CHECK_THREADS = 2  # blocks read and checked at once: a checksum (zlib, ~2 GB/s) takes as long as a cold read
+# A block of a save whose surviving records have no pool slot: (directory, shard entry, block entry, which records,
+# the data file's identity when it was checked); its rows are read again as they are restored.
+LowerBlock = Tuple[str, Dict[str, Any], Dict[str, Any], torch.Tensor, FileIdentity]
 
 
 def write_shard(
@@ -113,9 +119,9 @@ def read_chain(
 
     Every array is read and checksummed. A record survives when no later save of the chain changes or removes
     its ID. Memory: the pooled records, the IDs of the increments, 16 bytes per record of the largest save, 1 byte
-    per record of the chain and one block; the rows of the other records are read again, block by block, by
-    :attr:`ShardRecords.lower_rows` (which raises StorageError if the files changed since; it reads and checks the
-    next block in a thread while the caller takes one, so two blocks are held).
+    per record of the chain and ``CHECK_THREADS`` blocks (checked at once); the rows of the other records are read
+    again, block by block, by :attr:`ShardRecords.lower_rows` (which raises StorageError if the files changed since;
+    it reads and checks the next block in a thread while the caller takes one, so two blocks are held).
 
     Args:
         chain: ``(save directory, shard entry)`` from the full save to the latest increment, in order.
@@ -131,32 +137,19 @@ def read_chain(
     """
     width = ShardLayout.from_json(chain[0][1]["layout"]).width
     pooled: List[ShardRows] = []
-    lower_blocks: List[Tuple[str, Dict[str, Any], Dict[str, Any], torch.Tensor, FileIdentity]] = []
+    lower_blocks: List[LowerBlock] = []
     later = torch.empty(0, dtype=torch.int64)  # IDs a later save changes or removes
     low, high = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     for k in range(len(chain) - 1, -1, -1):
         directory, entry = chain[k]
         blocks = entry["blocks"]
-        save_pooled: List[ShardRows] = []
-        save_lower: List[Tuple[str, Dict[str, Any], Dict[str, Any], torch.Tensor, FileIdentity]] = []
         parts = [_read(directory, entry, block["ids"], "ids") for block in blocks]  # read (checked) before joined
         identity = file_identity(confined(directory, entry["file"], "a data file"))  # before its rows are checked
         bounds = np.cumsum([0] + [part.size for part in parts]).tolist()
         ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
         del parts
-        for b, (block, start, end) in enumerate(zip(blocks, bounds, bounds[1:])):
-            if b + 1 < len(blocks):  # the disk reads the next block while this one is checked
-                _will_read(directory, entry, blocks[b + 1])
-            block_ids = torch.from_numpy(ids[start:end])
-            survives = ~_in_sorted(block_ids, later)
-            if keep is not None:
-                survives &= keep(block_ids)
-            here, lower = _split_block(directory, entry, block, block_ids, survives)
-            save_pooled.append(here)
-            if bool(lower.any()):
-                save_lower.append((directory, entry, block, lower, identity))
-            if bool(survives.any()):
-                low, high = min(low, int(block_ids[survives].min())), max(high, int(block_ids[survives].max()))
+        save_pooled, save_lower, (first, last) = _check_blocks(directory, entry, ids, bounds, later, keep, identity)
+        low, high = min(low, first), max(high, last)
         if k:
             removed = _read(directory, entry, entry["arrays"]["removed"], "removed")
             later = torch.unique(torch.cat([later, torch.from_numpy(ids), torch.from_numpy(removed)]))
@@ -194,6 +187,43 @@ def read_chain(
 
     lower_count = sum(int(block[3].sum()) for block in lower_blocks)
     return ShardRecords(concat(pooled, width), lower_count, (low, high) if low <= high else (0, -1), width, lower_rows)
+
+
+def _check_blocks(
+    directory: str, entry: Dict[str, Any], ids: np.ndarray, bounds: List[int], later: torch.Tensor,
+    keep: Optional[Callable[[torch.Tensor], torch.Tensor]], identity: FileIdentity,
+) -> Tuple[List[ShardRows], List[LowerBlock], Tuple[int, int]]:
+    """Read and check every block of one save (``ids``: its IDs, block ``b`` at ``bounds[b]:bounds[b + 1]``): the
+    surviving records with a pool slot, the blocks holding survivors without one, and the survivors' ID range.
+
+    ``CHECK_THREADS`` threads read and checksum blocks at once (reads and checksums release the GIL); the blocks are
+    taken in order, so the first damaged one is the one reported, and the disk reads the next while they are checked.
+    """
+    blocks = entry["blocks"]
+    pooled: List[ShardRows] = []
+    lower_blocks: List[LowerBlock] = []
+    low, high = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    checking: Deque[Tuple[Dict[str, Any], torch.Tensor, torch.Tensor, Future]] = collections.deque()
+    with ThreadPoolExecutor(CHECK_THREADS, thread_name_prefix="checkpoint-check") as checker:
+        for b, block in enumerate(blocks):
+            if b + 1 < len(blocks):
+                _will_read(directory, entry, blocks[b + 1])
+            block_ids = torch.from_numpy(ids[bounds[b] : bounds[b + 1]])
+            survives = ~_in_sorted(block_ids, later)
+            if keep is not None:
+                survives &= keep(block_ids)
+            checking.append((block, block_ids, survives,
+                             checker.submit(_split_block, directory, entry, block, block_ids, survives)))
+            while len(checking) >= CHECK_THREADS or (checking and b + 1 == len(blocks)):
+                done, done_ids, done_survives, split = checking.popleft()
+                here, lower = split.result()
+                pooled.append(here)
+                if bool(lower.any()):
+                    lower_blocks.append((directory, entry, done, lower, identity))
+                if bool(done_survives.any()):
+                    kept = done_ids[done_survives]
+                    low, high = min(low, int(kept.min())), max(high, int(kept.max()))
+    return pooled, lower_blocks, (low, high)
 
 
 def _in_sorted(values: torch.Tensor, sorted_set: torch.Tensor) -> torch.Tensor:
