@@ -1,6 +1,8 @@
 """huge_page_full against torch.full (the oracle): same values, shape, dtype and layout, whatever the size; plain_empty
 against np.empty: same shape, dtype and layout, and memory without the huge-page advice numpy gives large arrays;
-no_numpy_huge_pages: no advice inside, numpy's own setting back after, however blocks nest or overlap in threads."""
+no_numpy_huge_pages: no advice inside, numpy's own setting back after, however blocks nest or overlap in threads;
+reused_buffers: a freed plain_empty buffer is reused, never while any view or tensor of it lives, none kept after;
+reserve against np.zeros, its pages resident only once written."""
 
 from __future__ import annotations
 
@@ -14,7 +16,14 @@ import pytest
 import torch
 
 from torchrec_ascend.native import memory
-from torchrec_ascend.native.memory import HUGE_PAGE, huge_page_full, no_numpy_huge_pages, plain_empty, reserve
+from torchrec_ascend.native.memory import (
+    HUGE_PAGE,
+    huge_page_full,
+    no_numpy_huge_pages,
+    plain_empty,
+    reserve,
+    reused_buffers,
+)
 
 
 @pytest.mark.parametrize(
@@ -152,3 +161,61 @@ def test_no_numpy_huge_pages_in_overlapping_threads_restores_the_setting(monkeyp
         with no_numpy_huge_pages():
             raise ValueError("boom")
     assert setting == [True]
+
+
+BIG = (1 << 20, 1)  # 8 MiB of uint64: above NUMPY_ADVICE_BYTES, so plain_empty maps it
+
+
+def test_reused_buffers_reuses_a_freed_buffer_and_keeps_none_after() -> None:
+    with reused_buffers():
+        first = plain_empty(BIG, np.uint64)
+        address = first.ctypes.data
+        del first
+        gc.collect()
+        again = plain_empty(BIG, np.uint64)
+        assert again.ctypes.data == address  # the freed mapping, its pages already faulted in
+        other = plain_empty((BIG[0] * 2, 1), np.uint64)
+        assert other.ctypes.data != address
+        del again, other
+    assert memory._kept == {} and memory._kept_bytes == 0  # unmapped once the last block left
+    outside = plain_empty(BIG, np.uint64)
+    del outside
+    gc.collect()
+    assert memory._kept == {}  # outside reused_buffers a freed buffer is unmapped
+
+
+HOLDERS = {  # what may outlive the array plain_empty returned, referring to its memory
+    "slice": lambda whole: whole[5:9],
+    "tensor": lambda whole: torch.from_numpy(whole[1:]),
+    "memoryview": lambda whole: memoryview(whole).cast("B"),
+    "reshaped": lambda whole: whole.reshape(-1),
+}
+
+
+@pytest.mark.parametrize("keep", sorted(HOLDERS))
+def test_reused_buffers_never_reuses_a_buffer_something_still_refers_to(keep: str) -> None:
+    with reused_buffers():
+        whole = plain_empty((BIG[0], 2), np.uint64)
+        whole[...] = 7
+        held = HOLDERS[keep](whole)
+        address = whole.ctypes.data
+        del whole
+        gc.collect()
+        fresh = plain_empty((BIG[0], 2), np.uint64)
+        fresh[...] = 9
+        assert fresh.ctypes.data != address
+        values = np.asarray(held if keep != "memoryview" else np.frombuffer(held, np.uint64))
+        assert (values == 7).all()  # what still refers to the old buffer sees its own values
+        del held, values
+        gc.collect()
+        assert plain_empty((BIG[0], 2), np.uint64).ctypes.data == address  # now free: reused
+
+
+def test_reused_buffers_keeps_at_most_kept_bytes(monkeypatch) -> None:
+    monkeypatch.setattr(memory, "KEPT_BYTES", 3 * (8 << 20))
+    with reused_buffers():
+        arrays = [plain_empty(BIG, np.uint64) for _ in range(5)]
+        del arrays
+        gc.collect()
+        assert memory._kept_bytes == 3 * (8 << 20) and len(memory._kept[8 << 20]) == 3
+    assert memory._kept == {}

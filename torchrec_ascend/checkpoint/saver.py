@@ -51,7 +51,7 @@ from torchrec_ascend.checkpoint.versions import (
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.fused import HashRows
 from torchrec_ascend.kernels.walk import sharded_kernels
-from torchrec_ascend.native.memory import no_numpy_huge_pages
+from torchrec_ascend.native.memory import no_numpy_huge_pages, reused_buffers
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class Saver:
         self.process_group = process_group
 
     @no_numpy_huge_pages()
+    @reused_buffers()  # the disk tier is read block after block: into memory faulted in once
     def save(self, model: torch.nn.Module, path: str, incremental: bool = False) -> CheckpointInfo:
         """Save the model's tables as a new version under ``path`` (collective: every rank calls it).
 
@@ -130,7 +131,7 @@ class Saver:
             kernel.slot_table(t).mark_checkpoint(token)
         return CheckpointInfo.of(directory, metadata)
 
-    @no_numpy_huge_pages()
+    @no_numpy_huge_pages()  # no reused_buffers: a streaming load's peak memory would hold a kept block more
     def load(
         self, model: torch.nn.Module, path: str, version: Optional[int] = None, strict: bool = True
     ) -> CheckpointInfo:

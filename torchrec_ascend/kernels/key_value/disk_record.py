@@ -22,6 +22,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from torchrec_ascend.native.memory import plain_empty
+
 SEED = np.uint64(0x9E3779B97F4A7C15)
 LOCATION_MULTIPLIER = np.uint64(0xD6E8FEB86659FD93)
 _MASK = (1 << 64) - 1
@@ -117,5 +119,6 @@ class RecordFormat:
 
     def decode(self, records: np.ndarray) -> torch.Tensor:
         """The rows of ``records`` as a new tensor ``[n, width]`` of the format's dtype."""
-        payload = np.ascontiguousarray(records.view(np.uint8)[:, 16 : 16 + self.row_bytes])
+        payload = plain_empty((records.shape[0], self.row_bytes), np.uint8)  # reused inside reused_buffers: no faults
+        payload[...] = records.view(np.uint8)[:, 16 : 16 + self.row_bytes]
         return torch.from_numpy(payload).view(self.dtype)
