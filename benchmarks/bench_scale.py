@@ -555,7 +555,7 @@ def section(args: argparse.Namespace, r: Dict[str, Any]) -> str:
         f"{gb(ck['incremental_bytes'])} ({ck['incremental_share_of_full']:.2f} of the full save) in "
         f"{ck['incremental_s']:.1f} s = {ck['incremental_GBps']:.2f} GB/s; restoring both into a fresh model "
         f"took {ck['restore_s']:.0f} s = {ck['restore_GBps']:.2f} GB/s of checkpoint (the rows below the pool are "
-        f"read twice: checked, then restored as they are read again); the process's peak RSS rose "
+        f"read once, each block stored into the empty tiers as it is checked); the process's peak RSS rose "
         f"{gb(ck['restore_rss_growth'])} during the load, of which the host tier (filled first) holds "
         f"{gb(ck['restored_host_bytes'])} and the disk index {gb(ck['restored_index_bytes'])} "
         f"({gb(ck['available_before_restore'] or 0)} of memory were available before it).",

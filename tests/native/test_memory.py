@@ -1,7 +1,8 @@
 """huge_page_full against torch.full (the oracle): same values, shape, dtype and layout, whatever the size; plain_empty
 against np.empty: same shape, dtype and layout, and memory without the huge-page advice numpy gives large arrays;
 no_numpy_huge_pages: no advice inside, numpy's own setting back after, however blocks nest or overlap in threads;
-reused_buffers: a freed plain_empty buffer is reused, never while any view or tensor of it lives, none kept after;
+reused_buffers: a freed plain_empty buffer is reused, never while any view or tensor of it lives, within the block's
+limit (the size freed last kept first), none kept after;
 reserve against np.zeros, its pages resident only once written."""
 
 from __future__ import annotations
@@ -211,11 +212,30 @@ def test_reused_buffers_never_reuses_a_buffer_something_still_refers_to(keep: st
         assert plain_empty((BIG[0], 2), np.uint64).ctypes.data == address  # now free: reused
 
 
-def test_reused_buffers_keeps_at_most_kept_bytes(monkeypatch) -> None:
-    monkeypatch.setattr(memory, "KEPT_BYTES", 3 * (8 << 20))
-    with reused_buffers():
+def test_reused_buffers_keeps_at_most_its_limit() -> None:
+    with reused_buffers(3 * (8 << 20) + 100):  # rounded to whole pages, still room for 3 buffers only
         arrays = [plain_empty(BIG, np.uint64) for _ in range(5)]
         del arrays
         gc.collect()
         assert memory._kept_bytes == 3 * (8 << 20) and len(memory._kept[8 << 20]) == 3
+        with reused_buffers(8 << 20):  # an inner block's limit holds inside it, the outer one's after
+            plain_empty((BIG[0] * 2, 1), np.uint64)  # 16 MiB: larger than the inner limit, never kept
+            gc.collect()
+            assert 16 << 20 not in memory._kept
+        assert memory._kept_limit == 3 * (8 << 20) + memory.PAGE
+    assert memory._kept == {}
+
+
+def test_reused_buffers_keeps_the_size_freed_last() -> None:
+    # A stream of equal blocks with an odd-sized one among them: the odd one must not hold the room the stream reuses.
+    with reused_buffers(16 << 20):
+        odd = plain_empty((BIG[0] + 512, 1), np.uint64)  # 8 MiB + 4 KiB
+        del odd
+        gc.collect()
+        block = plain_empty((BIG[0] * 2, 1), np.uint64)  # 16 MiB: the odd buffer is dropped to keep it
+        address = block.ctypes.data
+        del block
+        gc.collect()
+        assert list(memory._kept) == [16 << 20] and memory._kept_bytes == 16 << 20
+        assert plain_empty((BIG[0] * 2, 1), np.uint64).ctypes.data == address
     assert memory._kept == {}

@@ -5,8 +5,9 @@ For each table shard of the model on this rank:
 * **same layout** (a saved shard with an identical :class:`ShardLayout`: place, capacity, kernel, optimizer
   states, policies): the saved records and state are restored as they were: IDs at their slots, KEY_VALUE rows in
   the cache or below it as saved, the ID map's free slots, policy state, step, counters. Training continues
-  bit for bit. The rows below the pool are streamed: checked block by block as they are read, then read again
-  as they are restored, so a KEY_VALUE shard may be larger than the host's memory.
+  bit for bit. The rows below the pool are streamed, so a KEY_VALUE shard may be larger than the host's memory:
+  into empty lower tiers (a fresh model) they are stored as each block is checked, read once; into tiers that hold
+  rows, they are checked block by block first and read again as they are restored.
 * **any other layout** (another world size, sharding type, column split, capacity, kernel or policy): the shard
   takes the IDs it owns from every saved shard of the table, its columns from the saved column shards, weights and
   optimizer state together (:func:`~torchrec_ascend.checkpoint.records.assemble`). FUSED shards hold them in their
@@ -16,7 +17,8 @@ For each table shard of the model on this rank:
   empty) and the table's counters move to its first row block.
 
 Nothing is changed before everything is read and checked (:func:`read_restores`), so a damaged or crafted
-checkpoint leaves the model as it was; a multi-rank load agrees across ranks between reading and applying.
+checkpoint leaves the model as it was (lower tiers filled as they were checked are emptied again: a failed load finds
+them empty and leaves them so); a multi-rank load agrees across ranks between reading and applying.
 
 Example::
 
@@ -29,14 +31,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 
 from torchrec_ascend.checkpoint.layout import ShardLayout
 from torchrec_ascend.checkpoint.records import ShardRecords, assemble
 from torchrec_ascend.checkpoint.schema import RECORD_FIELDS
-from torchrec_ascend.checkpoint.shard_files import read_chain, read_chain_records, read_shard_state
+from torchrec_ascend.checkpoint.shard_files import CheckedChain, read_chain_records, read_shard_state
 from torchrec_ascend.errors import CapacityError, ConfigError, StorageError
 from torchrec_ascend.hash.slot_table import SlotTable
 from torchrec_ascend.kernels.fused import HashRows, ShardRows
@@ -53,14 +55,18 @@ class Restore:
 
     Attributes:
         records: the shard's records (``None``: the table is not in the checkpoint and keeps its state); the rows
-            without a pool slot of an exact load are read from the checkpoint again as they are restored.
+            without a pool slot of an exact load are read from the checkpoint again as they are restored, unless
+            ``undo`` is set.
         state: as :meth:`HashRows.restore_shard` takes it.
         exact: restored with the saved layout (else resharded).
+        undo: set when the shard's lower tiers were empty and took its rows without a pool slot as they were
+            checked (:meth:`HashRows.fill_lower`): it empties them again, for a load that fails before it applies.
     """
 
     records: Optional[ShardRecords]
     state: Dict[str, Any]
     exact: bool
+    undo: Optional[Callable[[], None]] = None
 
 
 def read_restores(shards: List[LocalShard], chain: Chain, strict: bool) -> List[Restore]:
@@ -70,6 +76,11 @@ def read_restores(shards: List[LocalShard], chain: Chain, strict: bool) -> List[
     accepts (distinct IDs and slots in range, row width, the ID map's free slots, policy state: a trial restore
     into a fresh slot table), so :func:`apply_restores` cannot fail on the checkpoint's content.
 
+    One thing may change: a KEY_VALUE shard loaded with its saved layout whose lower tiers hold no row (a fresh
+    model, the usual restore) takes its rows without a pool slot into them as they are checked, so they are read
+    once; the tiers are emptied again if anything fails (here, or on another rank: :func:`discard_restores`), which
+    leaves the model as it was.
+
     Args:
         shards: ``(kernel, table index, layout)`` of this rank's table shards.
         chain: ``(directory, metadata)`` of the saves to read.
@@ -78,42 +89,43 @@ def read_restores(shards: List[LocalShard], chain: Chain, strict: bool) -> List[
     Raises:
         ConfigError: a table is missing (``strict``), or saved with another dimension, key kind or optimizer.
         StorageError: a checkpoint file is missing, truncated or corrupted, or the saved shards are inconsistent
-            (the message names the files).
+            (the message names the files), or a lower tier cannot take the rows.
         CapacityError: a shard cannot hold the IDs it owns, or loading it (saved layout) would need more host
             memory than is available (see :func:`_check_memory`; a KEY_VALUE shard's rows below the pool are
-            read again from the files as they are restored, so the shard itself may be larger than memory).
+            streamed, so the shard itself may be larger than memory).
     """
     directory, final = chain[-1]
     saved: Dict[str, List[Tuple[ShardLayout, Dict[str, Any]]]] = {}
     for entry in final["shards"]:
         layout = _layout_of(entry, directory)
         saved.setdefault(layout.table, []).append((layout, entry))
-    restores = []
-    for kernel, t, layout in shards:
-        sources = saved.get(layout.table)
-        if not sources:
-            if strict:
-                raise ConfigError(
-                    f"table {layout.table!r} is not in the checkpoint at '{directory}' (it holds "
-                    f"{sorted(saved)}); load with strict=False to leave it as initialised"
-                )
-            logger.warning("checkpoint at '%s' has no table %r; it keeps its current state", directory, layout.table)
-            restores.append(Restore(None, {}, False))
-            continue
-        _check_compatible(layout, sources[0][0], directory)
-        exact = next((entry for source, entry in sources if source == layout), None)
-        if exact is not None:
-            entries = _entries_of(chain, layout)
-            _check_memory(layout, entries, directory)
-            records = read_chain(entries)
-            state = read_shard_state(directory, exact)
-        else:
-            entries = [e for source, _ in sources for e in _entries_of(chain, source)]
-            records, state = _resharded(layout, sources, chain)
-        records = _as_kernel_holds(kernel, t, layout, records)
-        _trial_restore(kernel, t, layout, records, state, sorted({os.path.join(d, e["file"]) for d, e in entries}))
-        restores.append(Restore(records, state, exact is not None))
+    restores: List[Restore] = []
+    try:
+        for kernel, t, layout in shards:
+            sources = saved.get(layout.table)
+            if not sources:
+                if strict:
+                    raise ConfigError(
+                        f"table {layout.table!r} is not in the checkpoint at '{directory}' (it holds "
+                        f"{sorted(saved)}); load with strict=False to leave it as initialised"
+                    )
+                logger.warning("checkpoint at '%s' has no table %r; it keeps its current state", directory,
+                               layout.table)
+                restores.append(Restore(None, {}, False))
+                continue
+            _check_compatible(layout, sources[0][0], directory)
+            restores.append(_read_restore(kernel, t, layout, sources, chain))
+    except BaseException:
+        discard_restores(restores)
+        raise
     return restores
+
+
+def discard_restores(restores: List[Restore]) -> None:
+    """Undo what :func:`read_restores` stored ahead (a load failing before :func:`apply_restores`)."""
+    for restore in restores:
+        if restore.undo is not None:
+            restore.undo()
 
 
 def apply_restores(shards: List[LocalShard], restores: List[Restore]) -> List[bool]:
@@ -129,7 +141,8 @@ def apply_restores(shards: List[LocalShard], restores: List[Restore]) -> List[bo
             continue
         records = restore.records
         try:
-            kernel.restore_shard(t, records.pooled, records.lower_rows(), restore.state)
+            lower = None if restore.undo is not None else records.lower_rows()
+            kernel.restore_shard(t, records.pooled, lower, restore.state)
         except StorageError as error:
             raise StorageError(
                 f"{error}. Table {layout.table!r} is now partially loaded: load a checkpoint again before training"
@@ -141,19 +154,78 @@ def apply_restores(shards: List[LocalShard], restores: List[Restore]) -> List[bo
     return [restore.exact for restore in restores]
 
 
+def _read_restore(
+    kernel: HashRows, t: int, layout: ShardLayout, sources: List[Tuple[ShardLayout, Dict[str, Any]]], chain: Chain
+) -> Restore:
+    """One shard's :class:`Restore` (see :func:`read_restores`); its lower tiers are empty again if it raises."""
+    directory = chain[-1][0]
+    exact = next((entry for source, entry in sources if source == layout), None)
+    undo = None
+    try:
+        if exact is not None:
+            entries = _entries_of(chain, layout)
+            files = _files_of(entries)
+            _check_memory(layout, entries, directory)
+            checking = CheckedChain(entries)  # empty lower tiers take the rows as they are checked: read once
+            undo = kernel.fill_lower(t, _kernel_rows(kernel, t, layout, checking, files))
+            records = checking.records
+            state = read_shard_state(directory, exact)
+        else:
+            entries = [e for source, _ in sources for e in _entries_of(chain, source)]
+            files = _files_of(entries)
+            records, state = _resharded(layout, sources, chain)
+        records = _as_kernel_holds(kernel, t, layout, records)
+        _trial_restore(kernel, t, layout, records, state, files)
+    except BaseException:
+        if undo is not None:
+            undo()
+        raise
+    return Restore(records, state, exact is not None, undo)
+
+
+def _files_of(entries: List[Tuple[str, Dict[str, Any]]]) -> List[str]:
+    return sorted({os.path.join(d, e["file"]) for d, e in entries})
+
+
+def _kernel_rows(
+    kernel: HashRows, t: int, layout: ShardLayout, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]],
+    files: List[str],
+) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    """``chunks`` of records below the pool (global IDs, saved rows) keyed as the shard's lower tiers key them, rows
+    in the kernel's dtype, each chunk's keys checked against the shard's range (a crafted ID fails here, before a
+    store sees it)."""
+    dtype = kernel.pack_rows(t, torch.empty(0, dtype=torch.int64)).dtype
+    for ids, rows in chunks:
+        keys = layout.to_local(ids)
+        if keys.numel():
+            _check_rows(kernel, t, layout, rows.shape[1], (int(keys.min()), int(keys.max())), files)
+        yield keys, rows.to(dtype)
+        del ids, keys, rows  # freed before the next block is read: a load holds one block at a time
+
+
 def _as_kernel_holds(kernel: HashRows, t: int, layout: ShardLayout, records: ShardRecords) -> ShardRecords:
     """``records`` keyed as the slot table keys them, rows in the kernel's dtype (the lower rows as they are read)."""
     dtype = kernel.pack_rows(t, torch.empty(0, dtype=torch.int64)).dtype
     pooled = records.pooled
     low, high = layout.to_local(torch.tensor(records.id_range)).tolist()
-
-    def lower_rows() -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        for ids, rows in records.lower_rows():
-            yield layout.to_local(ids), rows.to(dtype)
-            del ids, rows  # freed before the next block is read: a load holds one block at a time
-
     local = ShardRows(layout.to_local(pooled.ids), pooled.slots, pooled.last_used, pooled.rows.to(dtype))
-    return ShardRecords(local, records.lower_count, (low, high), records.width, lower_rows)
+    return ShardRecords(local, records.lower_count, (low, high), records.width,
+                        lambda: _kernel_rows(kernel, t, layout, records.lower_rows(), []))
+
+
+def _check_rows(kernel: HashRows, t: int, layout: ShardLayout, width: int, keys: Tuple[int, int],
+                files: List[str]) -> None:
+    """Check records of ``width`` elements whose keys (local) lie in ``keys`` against what the shard holds."""
+    low, high = keys
+    problem = None
+    if width != kernel.row_width(t):
+        problem = f"hold rows of {width} elements, the shard's are {kernel.row_width(t)}"
+    elif low <= high and (low < 0 or (not layout.hash_ids and high >= layout.rows)):
+        problem = "hold IDs outside the shard's range (negative IDs, or rows beyond a plain shard)"
+    if problem is not None:
+        raise StorageError(
+            f"table {layout.table!r}: the checkpoint files {files} {problem}; the checkpoint is corrupted"
+        )
 
 
 def _trial_restore(
@@ -161,18 +233,12 @@ def _trial_restore(
 ) -> None:
     """Check that ``kernel`` takes ``records`` and ``state`` without touching it: the row width, the keys, and
     a restore of the pooled records into a fresh slot table of the same options (IDs, slots, free slots, policy
-    state). The records' IDs are distinct already (:func:`read_chain`, :func:`_resharded`)."""
+    state). The records' IDs are distinct already (:class:`CheckedChain`, :func:`_resharded`)."""
+    _check_rows(kernel, t, layout, records.width, records.id_range, files)
     where = f"table {layout.table!r}: the checkpoint files {files}"
-    low, high = records.id_range
-    problem = None
-    if records.width != kernel.row_width(t):
-        problem = f"hold rows of {records.width} elements, the shard's are {kernel.row_width(t)}"
-    elif low <= high and (low < 0 or (not layout.hash_ids and high >= layout.rows)):
-        problem = "hold IDs outside the shard's range (negative IDs, or rows beyond a plain shard)"
-    elif not kernel.shard_info(t).lower_tiers and records.lower_count:
-        problem = "hold rows without a pool slot, but a FUSED table keeps every row in its pool"
-    if problem is not None:
-        raise StorageError(f"{where} {problem}; the checkpoint is corrupted")
+    if not kernel.shard_info(t).lower_tiers and records.lower_count:
+        raise StorageError(f"{where} hold rows without a pool slot, but a FUSED table keeps every row in its pool; "
+                           "the checkpoint is corrupted")
     pooled = records.pooled
     trial_slot_restore(kernel, t, pooled.ids, pooled.slots, pooled.last_used, state, where)
 
@@ -259,8 +325,8 @@ def _check_memory(layout: ShardLayout, entries: List[Tuple[str, Dict[str, Any]]]
     """Refuse, before reading it, a shard whose load would hold more than the host memory available (sizes from
     the checked metadata): the load would be killed for memory instead of failing cleanly. A load holds
     :data:`LOAD_BYTES_PER_RECORD` per saved record, the pooled records (each save's first block) and three blocks
-    (the one restored, the next one read meanwhile and the allocator's copy of the one before); the rows below the
-    pool are streamed."""
+    (the one stored, the next one read meanwhile and one kept for the read after it); the rows below the pool are
+    streamed."""
     blocks = [[sum(int(block[f]["nbytes"]) for f in RECORD_FIELDS) for block in e["blocks"]] for _, e in entries]
     records = sum(int(block["ids"]["shape"][0]) for _, e in entries for block in e["blocks"])
     need = LOAD_BYTES_PER_RECORD * records + sum(b[0] for b in blocks if b) + 3 * max(max(b, default=0) for b in blocks)

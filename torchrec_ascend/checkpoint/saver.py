@@ -37,7 +37,7 @@ import torch
 from torchrec_ascend.checkpoint.collectives import Group
 from torchrec_ascend.checkpoint.files import FORMAT_VERSION, ArrayFileWriter, write_json
 from torchrec_ascend.checkpoint.layout import ShardLayout
-from torchrec_ascend.checkpoint.restore import LocalShard, Restore, apply_restores, read_restores
+from torchrec_ascend.checkpoint.restore import LocalShard, Restore, apply_restores, discard_restores, read_restores
 from torchrec_ascend.checkpoint.shard_files import write_shard
 from torchrec_ascend.checkpoint.versions import (
     FORMAT,
@@ -131,7 +131,7 @@ class Saver:
             kernel.slot_table(t).mark_checkpoint(token)
         return CheckpointInfo.of(directory, metadata)
 
-    @no_numpy_huge_pages()  # no reused_buffers: a streaming load's peak memory would hold a kept block more
+    @no_numpy_huge_pages()  # reused_buffers while the blocks are read (CheckedChain), not beyond
     def load(
         self, model: torch.nn.Module, path: str, version: Optional[int] = None, strict: bool = True
     ) -> CheckpointInfo:
@@ -169,10 +169,14 @@ class Saver:
         restores: List[Restore] = []
         error: Optional[BaseException] = None
         try:
-            restores = read_restores(shards, chain, strict)  # every file read and checked, nothing changed yet
+            restores = read_restores(shards, chain, strict)  # every file read and checked, nothing applied yet
         except Exception as err:  # every rank must learn of it before raising
             error = err
-        group.agree("reading the checkpoint", error)
+        try:
+            group.agree("reading the checkpoint", error)
+        except BaseException:
+            discard_restores(restores)  # another rank failed: nothing may stay loaded here either
+            raise
         exact: List[bool] = []
         try:
             exact = apply_restores(shards, restores)

@@ -4,8 +4,9 @@ A shard's metadata entry holds its :class:`ShardLayout`, the JSON part of its st
 iteration...), and the array entries of the rest: record blocks (``ids`` as global IDs, ``slots``, ``last_used``,
 ``rows``), the IDs an incremental save drops (``removed``), and the state tensors (the ID map's free slots, each
 policy's state dict as ``eviction/<name>`` / ``admission/<name>``). A chain of saves reads back with
-:func:`read_chain`: the records with a pool slot in memory, the others read again block by block as they are
-restored (a KEY_VALUE shard may be larger than memory).
+:class:`CheckedChain`: the records with a pool slot in memory, the others handed on block by block as they are
+checked, or read again block by block as they are restored (:func:`read_chain`), so a KEY_VALUE shard may be larger
+than memory.
 
 Example::
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import collections
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Generator, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ from torchrec_ascend.checkpoint.records import ShardRecords, concat
 from torchrec_ascend.checkpoint.schema import RECORD_FIELDS
 from torchrec_ascend.errors import StorageError
 from torchrec_ascend.kernels.fused import ShardRows
+from torchrec_ascend.native.memory import reused_buffers
 
 CHECK_THREADS = 2  # blocks read and checked at once: a checksum (zlib, ~2 GB/s) takes as long as a cold read
 # A block of a save whose surviving records have no pool slot: (directory, shard entry, block entry, which records,
@@ -112,20 +114,61 @@ def read_shard_state(directory: str, entry: Dict[str, Any]) -> Dict[str, Any]:
     return state
 
 
+class CheckedChain:
+    """A shard's chain of saves (a full save and its increments) read and checked in one pass, block by block.
+
+    Iterating it yields the surviving records without a pool slot, ``(IDs, rows)`` a block at a time, as each block
+    is checked (the latest save's first), so a caller may store them as they come: a block yielded is checked, but
+    a later one may still be damaged (StorageError), so keep them where they can be dropped until the iteration
+    ends. :attr:`records` is the chain's result once every block is checked; it reads and checks what the
+    iteration left (dropping those rows), so ``CheckedChain(chain).records`` alone is :func:`read_chain`.
+
+    Every array is read and checksummed. A record survives when no later save of the chain changes or removes
+    its ID. Memory: the pooled records, the IDs of the increments, 16 bytes per record of the largest save, 1 byte
+    per record of the chain and ``CHECK_THREADS`` blocks (checked at once) besides the one yielded.
+
+    Args:
+        chain: ``(save directory, shard entry)`` from the full save to the latest increment, in order.
+        keep: a mask over global IDs (the IDs a new shard owns); records of other IDs are dropped as read.
+
+    Example::
+
+        checking = CheckedChain([(dir1, entry1), (dir2, entry2)])
+        store.load(checking)           # fills as the blocks are checked; a damaged one raises StorageError
+        checking.records.pooled        # the records with a pool slot
+    """
+
+    def __init__(
+        self, chain: List[Tuple[str, Dict[str, Any]]], keep: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+    ) -> None:
+        self._checking = _check_chain(chain, keep)
+        self._records: Optional[ShardRecords] = None
+
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        self._records = yield from self._checking
+
+    @property
+    def records(self) -> ShardRecords:
+        """The chain's records (:func:`read_chain`), once every block is checked.
+
+        Raises:
+            StorageError: a data file is missing, truncated or corrupted, or one save holds an ID twice.
+        """
+        if self._records is None:
+            for _ in self:
+                pass
+        assert self._records is not None
+        return self._records
+
+
 def read_chain(
     chain: List[Tuple[str, Dict[str, Any]]], keep: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 ) -> ShardRecords:
     """Read and check a shard's records after a full save and its increments, keeping only the pooled rows.
 
-    Every array is read and checksummed. A record survives when no later save of the chain changes or removes
-    its ID. Memory: the pooled records, the IDs of the increments, 16 bytes per record of the largest save, 1 byte
-    per record of the chain and ``CHECK_THREADS`` blocks (checked at once); the rows of the other records are read
-    again, block by block, by :attr:`ShardRecords.lower_rows` (which raises StorageError if the files changed since;
-    it reads and checks the next block in a thread while the caller takes one, so two blocks are held).
-
-    Args:
-        chain: ``(save directory, shard entry)`` from the full save to the latest increment, in order.
-        keep: a mask over global IDs (the IDs a new shard owns); records of other IDs are dropped as read.
+    As :class:`CheckedChain`; the rows of the records without a pool slot are read again, block by block, by
+    :attr:`ShardRecords.lower_rows` (which raises StorageError if the files changed since; it reads the next block
+    in a thread while the caller takes one, so two blocks are held).
 
     Raises:
         StorageError: a data file is missing, truncated or corrupted, or one save holds an ID twice.
@@ -135,31 +178,46 @@ def read_chain(
         records = read_chain([(dir1, entry1), (dir2, entry2)])
         records.pooled.ids.numel() + records.lower_count   # the shard's IDs
     """
+    return CheckedChain(chain, keep).records
+
+
+LowerChunks = Generator[Tuple[torch.Tensor, torch.Tensor], None, ShardRecords]
+
+
+def _check_chain(
+    chain: List[Tuple[str, Dict[str, Any]]], keep: Optional[Callable[[torch.Tensor], torch.Tensor]]
+) -> LowerChunks:
+    """See :class:`CheckedChain`: yields the lower records as checked, returns the records."""
     width = ShardLayout.from_json(chain[0][1]["layout"]).width
     pooled: List[ShardRows] = []
     lower_blocks: List[LowerBlock] = []
     later = torch.empty(0, dtype=torch.int64)  # IDs a later save changes or removes
     low, high = np.iinfo(np.int64).max, np.iinfo(np.int64).min
-    for k in range(len(chain) - 1, -1, -1):
-        directory, entry = chain[k]
-        blocks = entry["blocks"]
-        parts = [_read(directory, entry, block["ids"], "ids") for block in blocks]  # read (checked) before joined
-        identity = file_identity(confined(directory, entry["file"], "a data file"))  # before its rows are checked
-        bounds = np.cumsum([0] + [part.size for part in parts]).tolist()
-        ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
-        del parts
-        save_pooled, save_lower, (first, last) = _check_blocks(directory, entry, ids, bounds, later, keep, identity)
-        low, high = min(low, first), max(high, last)
-        if k:
-            removed = _read(directory, entry, entry["arrays"]["removed"], "removed")
-            later = torch.unique(torch.cat([later, torch.from_numpy(ids), torch.from_numpy(removed)]))
-        ids.sort()  # in place: a save's IDs are checked distinct without a second copy
-        if bool((ids[1:] == ids[:-1]).any()):
-            raise StorageError(
-                f"checkpoint file '{os.path.join(directory, entry['file'])}': table {entry['layout']['table']!r} "
-                "holds an ID in two records of one save; it is corrupted"
+    # Block after block is read into memory faulted in once, one block's rows kept at most (a load's peak memory).
+    block_bytes = max((int(block["rows"]["nbytes"]) for _, e in chain for block in e["blocks"]), default=0)
+    with reused_buffers(block_bytes):
+        for k in range(len(chain) - 1, -1, -1):
+            directory, entry = chain[k]
+            blocks = entry["blocks"]
+            parts = [_read(directory, entry, block["ids"], "ids") for block in blocks]  # read (checked), then joined
+            identity = file_identity(confined(directory, entry["file"], "a data file"))  # before its rows are checked
+            bounds = np.cumsum([0] + [part.size for part in parts]).tolist()
+            ids = np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+            del parts
+            save_pooled, save_lower, (first, last) = yield from _check_blocks(
+                directory, entry, ids, bounds, later, keep, identity
             )
-        pooled[:0], lower_blocks[:0] = save_pooled, save_lower  # in save order
+            low, high = min(low, first), max(high, last)
+            if k:
+                removed = _read(directory, entry, entry["arrays"]["removed"], "removed")
+                later = torch.unique(torch.cat([later, torch.from_numpy(ids), torch.from_numpy(removed)]))
+            ids.sort()  # in place: a save's IDs are checked distinct without a second copy
+            if bool((ids[1:] == ids[:-1]).any()):
+                raise StorageError(
+                    f"checkpoint file '{os.path.join(directory, entry['file'])}': table {entry['layout']['table']!r} "
+                    "holds an ID in two records of one save; it is corrupted"
+                )
+            pooled[:0], lower_blocks[:0] = save_pooled, save_lower  # in save order
 
     def read_lower(k: int) -> Tuple[torch.Tensor, torch.Tensor]:
         # The rows were checked above: read again unless the file changed since (their checksums are not computed
@@ -176,7 +234,7 @@ def read_chain(
     def lower_rows() -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         # A thread reads and checksums the next block while the caller stores this one (both release the GIL in
         # reads, checksums and writes), so a load holds at most two blocks besides the caller's own copies.
-        with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-read") as reader:
+        with reused_buffers(block_bytes), ThreadPoolExecutor(1, thread_name_prefix="checkpoint-read") as reader:
             pending = [reader.submit(read_lower, 0)] if lower_blocks else []
             for k in range(len(lower_blocks)):
                 ids, rows = pending.pop().result()
@@ -192,12 +250,14 @@ def read_chain(
 def _check_blocks(
     directory: str, entry: Dict[str, Any], ids: np.ndarray, bounds: List[int], later: torch.Tensor,
     keep: Optional[Callable[[torch.Tensor], torch.Tensor]], identity: FileIdentity,
-) -> Tuple[List[ShardRows], List[LowerBlock], Tuple[int, int]]:
-    """Read and check every block of one save (``ids``: its IDs, block ``b`` at ``bounds[b]:bounds[b + 1]``): the
-    surviving records with a pool slot, the blocks holding survivors without one, and the survivors' ID range.
+) -> Generator[Tuple[torch.Tensor, torch.Tensor], None, Tuple[List[ShardRows], List[LowerBlock], Tuple[int, int]]]:
+    """Read and check every block of one save (``ids``: its IDs, block ``b`` at ``bounds[b]:bounds[b + 1]``),
+    yielding each block's surviving records without a pool slot once it is checked; returns the surviving records
+    with a pool slot, the blocks holding survivors without one, and the survivors' ID range.
 
     ``CHECK_THREADS`` threads read and checksum blocks at once (reads and checksums release the GIL); the blocks are
-    taken in order, so the first damaged one is the one reported, and the disk reads the next while they are checked.
+    taken in order, so the first damaged one is the one reported, and the disk reads the next while they are checked
+    (and while the caller stores the rows yielded).
     """
     blocks = entry["blocks"]
     pooled: List[ShardRows] = []
@@ -216,13 +276,16 @@ def _check_blocks(
                              checker.submit(_split_block, directory, entry, block, block_ids, survives)))
             while len(checking) >= CHECK_THREADS or (checking and b + 1 == len(blocks)):
                 done, done_ids, done_survives, split = checking.popleft()
-                here, lower = split.result()
+                here, lower, lower_ids, lower_rows = split.result()
+                del split
                 pooled.append(here)
-                if bool(lower.any()):
-                    lower_blocks.append((directory, entry, done, lower, identity))
                 if bool(done_survives.any()):
                     kept = done_ids[done_survives]
                     low, high = min(low, int(kept.min())), max(high, int(kept.max()))
+                if lower_ids.numel():
+                    lower_blocks.append((directory, entry, done, lower, identity))
+                    yield lower_ids, lower_rows
+                del lower_ids, lower_rows  # dropped before the next block is taken
     return pooled, lower_blocks, (low, high)
 
 
@@ -237,14 +300,18 @@ def _in_sorted(values: torch.Tensor, sorted_set: torch.Tensor) -> torch.Tensor:
 
 def _split_block(
     directory: str, entry: Dict[str, Any], block: Dict[str, Any], ids: torch.Tensor, survives: torch.Tensor
-) -> Tuple[ShardRows, torch.Tensor]:
-    """Read and check one block's other arrays: the surviving records with a pool slot, and the mask of the
-    surviving ones without (their rows are read again when they are restored)."""
+) -> Tuple[ShardRows, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Read and check one block's other arrays: the surviving records with a pool slot, the mask of the surviving
+    ones without, and their IDs and rows (a block of rows only below the pool is passed on without a copy)."""
     slots = torch.from_numpy(_read(directory, entry, block["slots"], "slots"))
     last_used = torch.from_numpy(_read(directory, entry, block["last_used"], "last_used"))
     rows = torch.from_numpy(_read(directory, entry, block["rows"], "rows"))  # checksummed even if not kept
     pooled = survives & (slots >= 0)
-    return ShardRows(ids[pooled], slots[pooled], last_used[pooled], rows[pooled]), survives & (slots < 0)
+    lower = survives & (slots < 0)
+    here = ShardRows(ids[pooled], slots[pooled], last_used[pooled], rows[pooled])
+    if bool(lower.all()):  # the IDs are a view of the save's, which are sorted in place once its blocks are read
+        return here, lower, ids.clone(), rows
+    return here, lower, ids[lower], rows[lower]
 
 
 def read_chain_records(
@@ -256,8 +323,9 @@ def read_chain_records(
 
         records = read_chain_records([(dir1, entry1), (dir2, entry2)], keep=new_layout.owns)
     """
-    records = read_chain(chain, keep)
-    lower = [ShardRows(i, torch.full_like(i, -1), torch.zeros_like(i), rows) for i, rows in records.lower_rows()]
+    checking = CheckedChain(chain, keep)  # the rows are kept as they are checked: read once
+    lower = [ShardRows(i, torch.full_like(i, -1), torch.zeros_like(i), rows) for i, rows in checking]
+    records = checking.records
     return concat([records.pooled, *lower], records.width)
 
 

@@ -170,8 +170,13 @@ class HashRows:
         """See :meth:`ShardCheckpoint.shard_state`."""
         return self.checkpoint.shard_state(t)
 
+    def fill_lower(self, t: int, lower: Iterable[Tuple[torch.Tensor, torch.Tensor]]) -> Optional[Callable[[], None]]:
+        """See :meth:`ShardCheckpoint.fill_lower`."""
+        return self.checkpoint.fill_lower(t, lower)
+
     def restore_shard(
-        self, t: int, pooled: ShardRows, lower: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]
+        self, t: int, pooled: ShardRows, lower: Optional[Iterable[Tuple[torch.Tensor, torch.Tensor]]],
+        state: Dict[str, Any],
     ) -> None:
         """See :meth:`ShardCheckpoint.restore_shard`."""
         self.checkpoint.restore_shard(t, pooled, lower, state)

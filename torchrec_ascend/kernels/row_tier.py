@@ -51,9 +51,17 @@ class RowTier(Protocol):
     def checkpoint_state(self, t: int) -> Dict[str, Any]:
         """The tier's part of table ``t``'s checkpoint state (JSON values; merged into the shard's state)."""
 
-    def restore(self, t: int, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]) -> None:
+    def fill(self, t: int, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]]) -> Optional[Callable[[], None]]:
+        """If the tiers below the pool hold no row of table ``t``, fill them from ``chunks`` as :meth:`restore`
+        would (they are left empty if that raises) and return what empties them again; else take nothing from
+        ``chunks`` and return None (no tier below, or it holds rows)."""
+
+    def restore(
+        self, t: int, chunks: Optional[Iterable[Tuple[torch.Tensor, torch.Tensor]]], state: Dict[str, Any]
+    ) -> None:
         """Make the tiers below the pool hold exactly the ``(keys, packed rows)`` of ``chunks`` (distinct keys,
-        consumed once), and take the tier's part of the shard's checkpoint ``state`` back."""
+        consumed once; None: what :meth:`fill` put there), and take the tier's part of the shard's checkpoint
+        ``state`` back."""
 
 
 class PoolOnly:
@@ -90,8 +98,13 @@ class PoolOnly:
     def checkpoint_state(self, t: int) -> Dict[str, Any]:
         return {}
 
-    def restore(self, t: int, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]) -> None:
-        rows = sum(keys.numel() for keys, _ in chunks)
+    def fill(self, t: int, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]]) -> Optional[Callable[[], None]]:
+        return None
+
+    def restore(
+        self, t: int, chunks: Optional[Iterable[Tuple[torch.Tensor, torch.Tensor]]], state: Dict[str, Any]
+    ) -> None:
+        rows = sum(keys.numel() for keys, _ in chunks or ())
         if rows:
             raise ConfigError(
                 f"table {self._pool.names[t]!r}: {rows} rows to restore have no pool slot, but "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Dict, Iterable, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -206,8 +206,27 @@ class ShardCheckpoint:
             **self._tier.checkpoint_state(t),
         }
 
+    def fill_lower(self, t: int, lower: Iterable[Tuple[torch.Tensor, torch.Tensor]]) -> Optional[Callable[[], None]]:
+        """Fill table ``t``'s lower tiers with ``lower`` (as :meth:`restore_shard` takes it) ahead of
+        :meth:`restore_shard`, if they hold no row: a load stores the rows as it checks them, reading them once.
+
+        Returns:
+            What empties the lower tiers again (a load that fails later calls it); None if nothing was taken from
+            ``lower`` (a FUSED kernel, or the tiers hold rows: restore them with :meth:`restore_shard`).
+
+        Raises:
+            StorageError: a lower tier cannot take the rows, or as ``lower`` raises; the tiers are left empty.
+
+        Example::
+
+            undo = checkpoint.fill_lower(0, chunks)
+            checkpoint.restore_shard(0, pooled, None if undo else chunks, state)
+        """
+        return self._tier.fill(t, lower)
+
     def restore_shard(
-        self, t: int, pooled: ShardRows, lower: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]
+        self, t: int, pooled: ShardRows, lower: Optional[Iterable[Tuple[torch.Tensor, torch.Tensor]]],
+        state: Dict[str, Any],
     ) -> None:
         """Make table ``t``'s shard hold exactly ``pooled`` at their slots and ``lower`` in the lower tiers.
 
@@ -215,7 +234,7 @@ class ShardCheckpoint:
             t: the table's index within the kernel.
             pooled: the records with a pool slot.
             lower: ``(keys, packed rows)`` of the other records, distinct keys, in chunks (consumed once, so they
-                may be read from files as they go).
+                may be read from files as they go); None: the lower tiers hold them already (:meth:`fill_lower`).
             state: as :meth:`shard_state` gives it (:meth:`SlotTable.restore` takes its part).
 
         Raises:

@@ -151,13 +151,21 @@ def _kept_buffer(size: int) -> Optional[mmap.mmap]:
 
 
 def _freed(buffer: mmap.mmap) -> None:
-    """Keep a freed :func:`plain_empty` buffer for reuse inside :func:`reused_buffers`; else it is unmapped
-    (dropped)."""
+    """Keep a freed :func:`plain_empty` buffer for reuse inside :func:`reused_buffers`, dropping (unmapping) kept
+    ones of other sizes, the oldest first, where the limit would be passed: the next array most likely wants the size
+    freed last (an odd-sized block would otherwise hold the room a stream of equal blocks reuses)."""
     global _kept_bytes
     with _LOCK:
-        if _reusers and _kept_bytes + len(buffer) <= KEPT_BYTES:
-            _kept.setdefault(len(buffer), []).append(buffer)
-            _kept_bytes += len(buffer)
+        size = len(buffer)
+        if not _reusers or size > _kept_limit:
+            return
+        for other in [s for s in _kept if s != size]:
+            if _kept_bytes + size <= _kept_limit:
+                break
+            _kept_bytes -= other * len(_kept.pop(other))
+        if _kept_bytes + size <= _kept_limit:
+            _kept.setdefault(size, []).append(buffer)
+            _kept_bytes += size
 
 
 def reserve(dtype: DTypeLike, length: int) -> np.ndarray:
@@ -221,6 +229,7 @@ _advice_before = True
 _reusers = 0  # reused_buffers blocks running, in every thread
 _kept: Dict[int, List[mmap.mmap]] = {}  # freed plain_empty buffers by size, while a reused_buffers block runs
 _kept_bytes = 0
+_kept_limit = KEPT_BYTES  # the innermost running reused_buffers block's limit
 
 
 @contextlib.contextmanager
@@ -257,10 +266,13 @@ def no_numpy_huge_pages() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def reused_buffers() -> Iterator[None]:
-    """Inside the block, a large buffer of :func:`plain_empty` is reused once freed: kept (up to :data:`KEPT_BYTES`
-    in all) and handed out again for the next array of its size. The last block to leave unmaps the kept ones, so
+def reused_buffers(limit: int = KEPT_BYTES) -> Iterator[None]:
+    """Inside the block, a large buffer of :func:`plain_empty` is reused once freed: kept (up to ``limit`` bytes in
+    all) and handed out again for the next array of its size. The last block to leave unmaps the kept ones, so
     nothing stays resident after the work.
+
+    A kept buffer stays resident until it is reused, so a caller whose peak memory matters keeps ``limit`` to the
+    buffers freed between two reads (a checkpoint load: one block).
 
     A fresh mapping costs a page fault a 4 KiB page on its first touch: the Saver reads blocks of one size after
     another (checkpoint arrays, disk-tier records), and reading them into fresh memory took a third of the time a save
@@ -272,14 +284,16 @@ def reused_buffers() -> Iterator[None]:
             for start in range(0, len(segment), 65536):
                 consume(segment.read_range(start, start + 65536))  # each block lands in the one freed before
     """
-    global _reusers, _kept_bytes
+    global _reusers, _kept_bytes, _kept_limit
     with _LOCK:
         _reusers += 1
+        outer, _kept_limit = _kept_limit, -(-limit // PAGE) * PAGE  # buffers are whole pages
     try:
         yield
     finally:
         with _LOCK:
             _reusers -= 1
+            _kept_limit = outer
             if _reusers == 0:
                 _kept.clear()  # unmapped as they go: no view of them remains
                 _kept_bytes = 0

@@ -279,6 +279,8 @@ class HostStore:
             ConfigError: the store is not empty, a chunk is malformed, or a key repeats within the disk part.
             StorageError: the rows do not fit the budget and there is no disk store, or a disk write failed.
 
+        Whatever the chunks or the load raise, the store is left empty.
+
         Example::
 
             store.load(zip(keys.split(65536), rows.split(65536)))
@@ -286,21 +288,25 @@ class HostStore:
         if len(self):
             raise ConfigError(f"{self.where}: load fills an empty store; this one holds {len(self)} rows")
         chunks = iter(chunks)
-        for keys, rows in chunks:
-            free = self.max_rows - len(self._index)
-            if free:
-                self.put(keys[:free], rows[:free])
-            if keys.numel() > free:
-                if self.spill is None:
-                    more = keys.numel() - free + sum(k.numel() for k, _ in chunks)
-                    raise StorageError(
-                        f"{self.where}: {more} rows to load do not fit: the host store holds at most {self.max_rows} "
-                        f"rows within budget_bytes={self.budget_bytes}. Raise the table's host memory budget, or "
-                        "give the table a disk directory"
-                    )
-                rest = itertools.chain([(keys[free:], rows[free:])], chunks)
-                del keys, rows  # the disk part holds one chunk at a time
-                self.spill.bulk_load(rest)
+        try:
+            for keys, rows in chunks:
+                free = self.max_rows - len(self._index)
+                if free:
+                    self.put(keys[:free], rows[:free])
+                if keys.numel() > free:
+                    if self.spill is None:
+                        more = keys.numel() - free + sum(k.numel() for k, _ in chunks)
+                        raise StorageError(
+                            f"{self.where}: {more} rows to load do not fit: the host store holds at most "
+                            f"{self.max_rows} rows within budget_bytes={self.budget_bytes}. Raise the table's host "
+                            "memory budget, or give the table a disk directory"
+                        )
+                    rest = itertools.chain([(keys[free:], rows[free:])], chunks)
+                    del keys, rows  # the disk part holds one chunk at a time
+                    self.spill.bulk_load(rest)
+        except BaseException:
+            self.clear()
+            raise
         return len(self)
 
     def chunks(self, rows_per_chunk: int = 65536) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:

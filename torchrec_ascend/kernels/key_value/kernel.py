@@ -178,8 +178,13 @@ class KeyValueRows(HashRows):
         self._settle_loads()
         return super().export_shard(t, changed_only)
 
+    def fill_lower(self, t: int, lower: Iterable[Tuple[torch.Tensor, torch.Tensor]]) -> Optional[Callable[[], None]]:
+        self._settle_loads()
+        return super().fill_lower(t, lower)
+
     def restore_shard(
-        self, t: int, pooled: ShardRows, lower: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]
+        self, t: int, pooled: ShardRows, lower: Optional[Iterable[Tuple[torch.Tensor, torch.Tensor]]],
+        state: Dict[str, Any],
     ) -> None:
         self._settle_loads()
         super().restore_shard(t, pooled, lower, state)

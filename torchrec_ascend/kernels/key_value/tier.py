@@ -112,10 +112,26 @@ class HostDiskTier:
     def checkpoint_state(self, t: int) -> Dict[str, Any]:
         return {"swaps": dict(self.swaps[t])}
 
-    def restore(self, t: int, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]], state: Dict[str, Any]) -> None:
-        self.stores[t].clear()
-        self.stores[t].load((keys, self._codecs[t].encode(rows)) for keys, rows in chunks)
+    def fill(self, t: int, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]]) -> Optional[Callable[[], None]]:
+        store = self.stores[t]
+        if len(store):
+            return None
+        store.load(self._encoded(t, chunks))
+        return store.clear
+
+    def restore(
+        self, t: int, chunks: Optional[Iterable[Tuple[torch.Tensor, torch.Tensor]]], state: Dict[str, Any]
+    ) -> None:
+        if chunks is not None:
+            self.stores[t].clear()
+            self.stores[t].load(self._encoded(t, chunks))
         self.swaps[t] = {**dict.fromkeys(self.swaps[t], 0), **state.get("swaps", {})}
+
+    def _encoded(self, t: int, chunks: Iterable[Tuple[torch.Tensor, torch.Tensor]]
+                 ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        for keys, rows in chunks:
+            yield keys, self._codecs[t].encode(rows)
+            del keys, rows  # freed before the next chunk is read: a load holds one chunk at a time
 
     def close(self) -> None:
         """Release the host and disk tiers (removes the disk files)."""
