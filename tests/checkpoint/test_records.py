@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torchrec_ascend.checkpoint.files import ArrayFileWriter
 from torchrec_ascend.checkpoint.layout import ShardLayout
 from torchrec_ascend.checkpoint.records import assemble, select
-from torchrec_ascend.checkpoint.shard_files import read_chain, write_shard
+from torchrec_ascend.checkpoint.shard_files import CheckedChain, read_chain, write_shard
 from torchrec_ascend.errors import StorageError
 from torchrec_ascend.kernels.fused import ShardRows
 from torchrec_ascend.native import reference
@@ -56,7 +56,8 @@ def saved_chain(directory: str, saves: List[tuple]) -> List[tuple]:
 @given(st.lists(st.tuples(IDS, IDS), min_size=1, max_size=4), st.randoms(use_true_random=False))
 def test_a_chain_of_saves_reads_back_as_dict_updates(saves: List[tuple], rng: Any) -> None:
     # Oracle: a dict updated by each save (changed IDs win, removed IDs go). Records without a pool slot (-1)
-    # are read again from the files by lower_rows; both parts together must be the dict.
+    # are read again from the files by lower_rows, or handed on as checked by CheckedChain; with the pooled ones,
+    # either must be the dict.
     expected: Dict[int, tuple] = {}
     written = []
     for k, (ids, removed) in enumerate(saves):
@@ -76,6 +77,11 @@ def test_a_chain_of_saves_reads_back_as_dict_updates(saves: List[tuple], rng: An
         assert {**pooled, **lower} == expected
         assert len(pooled) + len(lower) == len(expected) and read.lower_count == len(lower)
         assert read.id_range == ((min(expected), max(expected)) if expected else (0, -1))
+        # In one pass (a load into empty lower tiers): the rows handed on as the blocks are checked are the same.
+        checking = CheckedChain(chain)
+        streamed = [(i, (-1, row)) for ids, rows in checking for i, row in zip(ids.tolist(), rows.tolist())]
+        assert dict(streamed) == lower and len(streamed) == len(lower)
+        assert as_dict(checking.records.pooled) == as_dict(read.pooled)
 
 
 def test_a_save_holding_an_id_twice_is_refused() -> None:

@@ -125,7 +125,8 @@ class CheckedChain:
 
     Every array is read and checksummed. A record survives when no later save of the chain changes or removes
     its ID. Memory: the pooled records, the IDs of the increments, 16 bytes per record of the largest save, 1 byte
-    per record of the chain and ``CHECK_THREADS`` blocks (checked at once) besides the one yielded.
+    per record of the chain, ``CHECK_THREADS`` blocks (checked at once) besides the one yielded, and one freed block
+    kept for the next read (:func:`~torchrec_ascend.native.memory.reused_buffers`).
 
     Args:
         chain: ``(save directory, shard entry)`` from the full save to the latest increment, in order.
@@ -145,7 +146,8 @@ class CheckedChain:
         self._records: Optional[ShardRecords] = None
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        self._records = yield from self._checking
+        if self._records is None:  # an iteration goes on where the one before stopped; none after the last block
+            self._records = yield from self._checking
 
     @property
     def records(self) -> ShardRecords:
