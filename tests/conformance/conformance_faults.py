@@ -100,6 +100,8 @@ stock state_dict round trips):
 
 * ``load_not_agreed``: a rank learns only of its own failure in a Saver load (``Group.agree`` gathers nothing), so
   the other ranks restore their tables.
+* ``restores_not_undone``: a Saver load that fails after the rows were read leaves the rows a rank stored ahead
+  in the KEY_VALUE tiers of an untrained model (``discard_restores`` undoes nothing).
 * ``ids_twice_accepted``: a KEY_VALUE load's IDs are not checked for repeats.
 * ``first_prefetch_unordered``: a prefetch before any lookup waits for nothing on the compute stream, so stock
   PrefetchTrainPipelineSparseDist's first swap-in writes beside the pool's first rows (emulated NPU only).
@@ -588,6 +590,13 @@ def _load_not_agreed_patch() -> None:
     _replace(Group, "agree", agree)
 
 
+def _restores_not_undone_patch() -> None:
+    from torchrec_ascend.checkpoint import restore, saver
+
+    for module in (restore, saver):  # saver imported the function by name
+        _replace(module, "discard_restores", lambda restores: None)
+
+
 def _ids_twice_accepted_patch() -> None:
     from torchrec_ascend.checkpoint.key_value_state import TableView
 
@@ -981,6 +990,7 @@ FAULTS = {
     "fused_not_prefetched": _after_import("torchrec_ascend.adapters.lookups", _fused_not_prefetched_patch),
     "not_admitted_row_trained": _after_import("torchrec_ascend.kernels.id_mapper", _not_admitted_row_trained_patch),
     "load_not_agreed": _after_import("torchrec_ascend.checkpoint.collectives", _load_not_agreed_patch),
+    "restores_not_undone": _after_import("torchrec_ascend.checkpoint.saver", _restores_not_undone_patch),
     "ids_twice_accepted": _after_import("torchrec_ascend.checkpoint.key_value_state", _ids_twice_accepted_patch),
     "first_prefetch_unordered": _after_import("torchrec_ascend.kernels.id_mapper", _first_prefetch_unordered_patch),
     "full_table_silent": _after_import("torchrec_ascend.hash.slot_table", _full_table_silent_patch),

@@ -31,8 +31,10 @@ budget: rows live in all three tiers. A case is one of:
   of a table, an ID twice, a file cut short, a damaged ``policy_state``, rows without their IDs, FUSED IDs onto
   shards that do not own them): refused naming the table, KEY_VALUE tables unchanged (:func:`refused_cases`).
 * A ``round_trip`` case with ``"damage"`` (``flipped_byte``, ``host_memory``) damages the last rank's part of a
-  Saver load: every rank must refuse it, the model unchanged (:func:`refused_load`); with ``"load_capacity"`` it
-  loads into hash tables of another ``num_embeddings`` and trains on like the model that never stopped.
+  Saver load: every rank must refuse it, the model unchanged (:func:`refused_load`; with ``"load_into":
+  "fresh_model"`` the model has not trained, so its KEY_VALUE tiers are empty: the other ranks store the rows as
+  they read them and must empty those tiers again); with ``"load_capacity"`` it loads into hash tables of another
+  ``num_embeddings`` and trains on like the model that never stopped.
 
 ``policy`` is ``"default"`` (admit all; FUSED tables never full) or ``"evict"`` (FUSED hash tables a fifth of the
 IDs in size: LFU eviction and count admission at work; use it with an unchanged layout).
@@ -151,6 +153,7 @@ def refused_cases(world_size: int) -> List[Dict[str, Any]]:
                               expect="refused", damage="model_only"))
     saver = [{**round_trip_case("ebc", spread, "key_value", "adagrad", "default", spread, "key_value", world_size),
               "damage": damage} for damage in ("flipped_byte", "host_memory")]
+    saver.append({**saver[0], "load_into": "fresh_model"})
     saver.append({**round_trip_case("ebc", spread, "fused", "adagrad", "default", spread, "fused", world_size),
                   "load_capacity": CAPACITY["default"] // 2})
     return key_value + fused + saver
@@ -192,6 +195,8 @@ def check_result(result: Dict[str, Any]) -> None:
             f"ranks (a load is all or nothing): {error!r}")
         assert all(f in error for f in fragments), f"a Saver load with {what} must be refused saying {fragments}: " \
             f"{error!r}"
+        if result.get("load_into") == "fresh_model":
+            what += " into a model that had not trained (its KEY_VALUE tiers empty)"
         assert result["unchanged"], f"a Saver load with {what} was refused but changed the model"
         return
     if result.get("damage") == "cut_short":  # refused, then the intact copy loads as a plain round trip
@@ -411,7 +416,8 @@ def load_action(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, 
     disk = tempfile.mkdtemp(prefix="disk-", dir=directory) if pg.rank() == 0 else None
     model = build(spec, sharding_type, kernel, pg, _broadcast(disk, pg))
     if spec.get("damage"):
-        return refused_load(model, spec["kind"], spec["damage"], pg, os.path.join(directory, "ckpt"))
+        return refused_load(model, spec["kind"], spec["damage"], pg, os.path.join(directory, "ckpt"),
+                            trained=spec.get("load_into") != "fresh_model")
     info = Saver(process_group=pg).load(model, os.path.join(directory, "ckpt"))
     exact = all(kernel.slot_table(t).checkpoint_mark == info.id for kernel, t, _ in local_shards(model))
     exact = all(_gather(exact, pg))
@@ -434,12 +440,15 @@ def load_action(spec: Dict[str, Any], sharding_type: str, kernel: str, pg: Any, 
     return result
 
 
-def refused_load(model: Any, kind: str, damage: str, pg: Any, checkpoint: str) -> Dict[str, Any]:
-    """A Saver load that one rank alone must refuse, the model trained a step first: ``"flipped_byte"`` (a byte of
-    the last rank's rows in the full save flipped) or ``"host_memory"`` (the last rank has 1 KB of host memory for the
-    load). Reported: ``refused_ranks``, ``load_error`` (every rank's message) and ``unchanged`` (every table on every
-    rank as it was: a load is all or nothing)."""
-    train_step(model, kind, 0, pg)
+def refused_load(model: Any, kind: str, damage: str, pg: Any, checkpoint: str, trained: bool = True
+                 ) -> Dict[str, Any]:
+    """A Saver load that one rank alone must refuse, the model trained a step first unless not ``trained``:
+    ``"flipped_byte"`` (a byte of the last rank's rows in the full save flipped) or ``"host_memory"`` (the last rank
+    has 1 KB of host memory for the load). Reported: ``refused_ranks``, ``load_error`` (every rank's message) and
+    ``unchanged`` (every table on every rank as it was: a load is all or nothing). An untrained model's KEY_VALUE
+    tiers hold no row, so its ranks store the rows as they read them (one pass) and must empty those tiers again."""
+    if trained:
+        train_step(model, kind, 0, pg)
     before = gathered_rows(model, pg)
     last = pg.rank() == pg.size() - 1
     if damage == "flipped_byte" and last:
