@@ -4,6 +4,7 @@ shards joined or cut like slices of the full rows. Oracles: a dict model, the re
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 from typing import Any, Dict, List
@@ -46,7 +47,7 @@ def saved_chain(directory: str, saves: List[tuple]) -> List[tuple]:
         os.makedirs(folder)
         with ArrayFileWriter(os.path.join(folder, "rank-0.data")) as writer:
             blocks = [select(saved, slice(start, start + 5)) for start in range(0, saved.ids.numel(), 5)]
-            entry = write_shard(writer, BASE, blocks, torch.tensor(removed, dtype=torch.int64), {})
+            entry = write_shard(writer, BASE, blocks, functools.partial(torch.tensor, removed, dtype=torch.int64), {})
             writer.commit()
         chain.append((folder, entry))
     return chain

@@ -425,7 +425,7 @@ def _saver_removed_patch() -> None:
 
     def export_shard(self: Any, t: int, changed_only: bool = False) -> Any:
         blocks, removed = original(self, t, changed_only)
-        return blocks, removed[:0]
+        return blocks, lambda: removed()[:0]
 
     _replace(HashRows, "export_shard", export_shard)
 

@@ -64,7 +64,7 @@ def write_chain(root: Path) -> Written:
                     half = ids.numel() // 2
                     blocks = [ShardRows(*(getattr(block, f)[:half] for f in ("ids", "slots", "last_used", "rows"))),
                               ShardRows(*(getattr(block, f)[half:] for f in ("ids", "slots", "last_used", "rows")))]
-                    shards.append(write_shard(writer, lay, blocks, removed, state))
+                    shards.append(write_shard(writer, lay, blocks, removed.clone, state))
                     written |= {(i, r.numpy().tobytes()) for i, r in zip(ids.tolist(), block.rows)}
                 files[name] = writer.commit()
         write_json(str(directory / METADATA), {

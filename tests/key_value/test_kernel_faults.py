@@ -1,6 +1,6 @@
 """KEY_VALUE kernel faults and bad input, in one process (a 1-rank gloo group): unwritable or full disk, corrupted
-segment files, a checkpoint too large for host memory or changed while it loads, metrics, and planning key_value on
-CPU."""
+segment files, a checkpoint too large for host memory or changed while it loads, an increment larger than a block,
+metrics, and planning key_value on CPU."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from torchrec_ascend import HashEmbeddingBagConfig, Saver, get_default_hybrid_sh
 from torchrec_ascend.checkpoint import restore, saver
 from torchrec_ascend.checkpoint.versions import resolve_chain
 from torchrec_ascend.errors import CapacityError, StorageError
+from torchrec_ascend.kernels import shard_checkpoint
 from torchrec_ascend.kernels.key_value import cache_metrics
 from torchrec_ascend.kernels.walk import sharded_kernels
 
@@ -157,6 +158,35 @@ def test_a_checkpoint_changed_during_a_load_is_named_and_the_table_said_partiall
     Saver().load(dmp, ckpt)
     loaded = rows(dmp)
     assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
+
+
+def test_an_increment_is_read_and_written_a_block_at_a_time(tmp_path, monkeypatch) -> None:
+    """The changed rows an increment takes from below the cache are read and written at most ``BLOCK_ROWS`` at a
+    time, as a full save's are (an increment larger than memory streams), and the chain loads back into a fresh
+    model (oracle: the rows at the save)."""
+    monkeypatch.setattr(shard_checkpoint, "BLOCK_ROWS", 5)
+    dmp = model(str(tmp_path / "disk"))
+    path = str(tmp_path / "ckpt")
+    for start in range(0, 60, 10):
+        train(dmp, list(range(start, start + 10)))
+    Saver().save(dmp, path)
+    for start in range(0, 60, 10):  # every row changes again; most leave the 16-row cache for the host and disk
+        train(dmp, list(range(start, start + 10)))
+    Saver().save(dmp, path, incremental=True)
+    saved = rows(dmp)
+    (entry,) = resolve_chain(path)[-1][1]["shards"]
+    sizes = [block["ids"]["shape"][0] for block in entry["blocks"]]
+    assert sum(sizes) == 60 and sizes[0] <= CACHE_ROWS and len(sizes) > 3 and max(sizes[1:]) <= 5, sizes
+    loaded = model(str(tmp_path / "loaded"))
+    Saver().load(loaded, path)
+    got = rows(loaded)
+    assert got.keys() == saved.keys() and all(torch.equal(got[i], saved[i]) for i in saved)
+    train(dmp, list(range(10)))  # changes since the increment: the IDs it drops are known once its blocks are read
+    blocks, removed = next(iter(sharded_kernels(dmp))).export_shard(0, changed_only=True)
+    with pytest.raises(RuntimeError, match="'user'.*consume the blocks first"):
+        removed()
+    exported = torch.cat([block.ids for block in blocks]).tolist()
+    assert set(range(10)) <= set(exported) and removed().numel() == 0
 
 
 def test_metrics_report_every_tier(tmp_path) -> None:

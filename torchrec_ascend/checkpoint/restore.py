@@ -174,7 +174,7 @@ def _read_restore(
             entries = [e for source, _ in sources for e in _entries_of(chain, source)]
             files = _files_of(entries)
             records, state = _resharded(layout, sources, chain)
-        records = _as_kernel_holds(kernel, t, layout, records)
+        records = _as_kernel_holds(kernel, t, layout, records, files)
         _trial_restore(kernel, t, layout, records, state, files)
     except BaseException:
         if undo is not None:
@@ -203,14 +203,16 @@ def _kernel_rows(
         del ids, keys, rows  # freed before the next block is read: a load holds one block at a time
 
 
-def _as_kernel_holds(kernel: HashRows, t: int, layout: ShardLayout, records: ShardRecords) -> ShardRecords:
-    """``records`` keyed as the slot table keys them, rows in the kernel's dtype (the lower rows as they are read)."""
+def _as_kernel_holds(kernel: HashRows, t: int, layout: ShardLayout, records: ShardRecords,
+                     files: List[str]) -> ShardRecords:
+    """``records`` (read from ``files``) keyed as the slot table keys them, rows in the kernel's dtype (the lower rows
+    as they are read)."""
     dtype = kernel.pack_rows(t, torch.empty(0, dtype=torch.int64)).dtype
     pooled = records.pooled
     low, high = layout.to_local(torch.tensor(records.id_range)).tolist()
     local = ShardRows(layout.to_local(pooled.ids), pooled.slots, pooled.last_used, pooled.rows.to(dtype))
     return ShardRecords(local, records.lower_count, (low, high), records.width,
-                        lambda: _kernel_rows(kernel, t, layout, records.lower_rows(), []))
+                        lambda: _kernel_rows(kernel, t, layout, records.lower_rows(), files))
 
 
 def _check_rows(kernel: HashRows, t: int, layout: ShardLayout, width: int, keys: Tuple[int, int],

@@ -50,7 +50,7 @@ def write_shard(
     writer: ArrayFileWriter,
     layout: ShardLayout,
     blocks: Iterable[ShardRows],
-    removed: torch.Tensor,
+    removed: Callable[[], torch.Tensor],
     state: Dict[str, Any],
 ) -> Dict[str, Any]:
     """Append one shard's records and state to ``writer``; returns the shard's metadata entry.
@@ -59,7 +59,7 @@ def write_shard(
         writer: the rank's data file.
         layout: the shard's layout.
         blocks: its records, keys as the slot table holds them (converted to global IDs here).
-        removed: IDs an incremental save drops (slot table keys).
+        removed: gives the IDs an incremental save drops (slot table keys), asked for once ``blocks`` are written.
         state: :meth:`HashRows.shard_state` (tensors, dicts of tensors and JSON values).
 
     Raises:
@@ -75,7 +75,7 @@ def write_shard(
         if block.ids.numel():
             block = ShardRows(layout.to_global(block.ids), block.slots, block.last_used, block.rows)
             entry["blocks"].append({f: writer.add(_numpy(getattr(block, f))) for f in RECORD_FIELDS})
-    arrays = {"removed": writer.add(_numpy(layout.to_global(removed)))}
+    arrays = {"removed": writer.add(_numpy(layout.to_global(removed())))}
     values = {}
     for key, value in state.items():
         if isinstance(value, torch.Tensor):

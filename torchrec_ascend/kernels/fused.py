@@ -162,7 +162,9 @@ class HashRows:
         """See :meth:`ShardCheckpoint.shard_info`."""
         return self.checkpoint.shard_info(t)
 
-    def export_shard(self, t: int, changed_only: bool = False) -> Tuple[Iterator[ShardRows], torch.Tensor]:
+    def export_shard(
+        self, t: int, changed_only: bool = False
+    ) -> Tuple[Iterator[ShardRows], Callable[[], torch.Tensor]]:
         """See :meth:`ShardCheckpoint.export_shard`."""
         return self.checkpoint.export_shard(t, changed_only)
 

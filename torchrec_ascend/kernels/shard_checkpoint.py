@@ -26,6 +26,9 @@ from torchrec_ascend.kernels.pool import Pool
 from torchrec_ascend.kernels.row_tier import RowTier
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
+# Rows an increment reads from the lower tiers at a time (the tiers' own chunks, as a full save reads them): an
+# increment larger than memory streams like a full save.
+BLOCK_ROWS = 65536
 
 
 @dataclasses.dataclass
@@ -129,25 +132,32 @@ class ShardCheckpoint:
         parts = [(ids, self._pool.gather(t, slots))] + [(k, r[:, :cols]) for k, r in self._tier.stored(t)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), self._pool.col0(t)
 
-    def export_shard(self, t: int, changed_only: bool = False) -> Tuple[Iterator[ShardRows], torch.Tensor]:
-        """The records of table ``t``'s shard, in blocks, and the IDs to drop.
+    def export_shard(
+        self, t: int, changed_only: bool = False
+    ) -> Tuple[Iterator[ShardRows], Callable[[], torch.Tensor]]:
+        """The records of table ``t``'s shard, in blocks, and what gives the IDs to drop.
 
         Args:
             t: the table's index within the kernel.
             changed_only: only what changed since the slot table's checkpoint mark (an incremental save).
 
         Returns:
-            Tuple[Iterator[ShardRows], Tensor]: blocks covering every ID in every tier (or every changed one), and
-            the IDs that left the shard since the mark (empty for a full export).
+            Tuple[Iterator[ShardRows], Callable[[], Tensor]]: blocks covering every ID in every tier (or every
+            changed one); the rows below the pool are read a block at a time (at most :data:`BLOCK_ROWS` rows), so
+            neither a shard nor an increment is ever held whole. Then, called once the blocks are consumed, the IDs
+            that left the shard since the mark (empty for a full export): which of the IDs that left the pool are
+            gone is known only once the lower tiers were read.
 
         Raises:
-            RuntimeError: ``changed_only`` without a checkpoint mark (the Saver checks the mark first).
+            RuntimeError: ``changed_only`` without a checkpoint mark (the Saver checks the mark first), or the IDs
+                to drop asked for before the blocks were consumed.
             StorageError: a lower-tier row cannot be read back intact.
 
         Example::
 
             blocks, removed = checkpoint.export_shard(0, changed_only=True)
             changed = sum(block.ids.numel() for block in blocks)
+            gone = removed()
         """
         table = self._slot_tables[t]
         if changed_only:
@@ -158,9 +168,22 @@ class ShardCheckpoint:
         pool = ShardRows(ids, slots, last_used, self._pool.pack(t, slots))
         if not changed_only:
             lower = (_lower_tier_rows(keys, rows) for keys, rows in self._tier.stored(t))
-            return itertools.chain([pool], lower), _EMPTY
-        rows, found = self._tier.read(t, left)
-        return iter([pool, _lower_tier_rows(left[found], rows[found])]), left[~found]
+            return itertools.chain([pool], lower), lambda: _EMPTY
+        gone: List[torch.Tensor] = []
+
+        def changed_below() -> Iterator[ShardRows]:
+            for keys in left.split(BLOCK_ROWS):
+                rows, found = self._tier.read(t, keys)
+                gone.append(keys[~found])
+                yield _lower_tier_rows(keys[found], rows[found])
+
+        def removed() -> torch.Tensor:
+            if len(gone) < -(-left.numel() // BLOCK_ROWS):
+                raise RuntimeError(f"table {self._pool.names[t]!r}: the IDs an increment drops are known once its "
+                                   "blocks were read; consume the blocks first")
+            return torch.cat([_EMPTY, *gone])
+
+        return itertools.chain([pool], changed_below()), removed
 
     def held_keys(self, t: int) -> Iterator[torch.Tensor]:
         """Every key table ``t``'s shard holds, in blocks: the pool's, then each lower tier's (rows are read and

@@ -243,7 +243,7 @@ def _saved_chain(scratch: Path) -> Path:
     ids = torch.arange(3)
     with ArrayFileWriter(str(directory / "rank-00000-of-00001.data")) as writer:
         shard = write_shard(writer, layout, [ShardRows(ids, ids, ids, torch.ones(3, 4))],
-                            torch.empty(0, dtype=torch.int64), {"step": 1})
+                            lambda: torch.empty(0, dtype=torch.int64), {"step": 1})
         size = writer.commit()
     write_json(str(directory / METADATA), {
         "format": FORMAT, "format_version": FORMAT_VERSION, "id": "x", "version": 1, "kind": "full", "chain": [1],

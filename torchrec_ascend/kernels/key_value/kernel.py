@@ -174,7 +174,9 @@ class KeyValueRows(HashRows):
         self._settle_loads()
         return super().map_ids(features)
 
-    def export_shard(self, t: int, changed_only: bool = False) -> Tuple[Iterator[ShardRows], torch.Tensor]:
+    def export_shard(
+        self, t: int, changed_only: bool = False
+    ) -> Tuple[Iterator[ShardRows], Callable[[], torch.Tensor]]:
         self._settle_loads()
         return super().export_shard(t, changed_only)
 
