@@ -1,5 +1,5 @@
 """KEY_VALUE kernel faults and bad input, in one process (a 1-rank gloo group): unwritable or full disk, corrupted
-segment files, a checkpoint too large for host memory or changed while it loads, an increment larger than a block,
+segment files, a checkpoint too large for host memory or changed while it loads, saves larger than a block,
 metrics, and planning key_value on CPU."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torchrec_ascend import HashEmbeddingBagConfig, Saver, get_default_hybrid_sh
 from torchrec_ascend.checkpoint import restore, saver
 from torchrec_ascend.checkpoint.versions import resolve_chain
 from torchrec_ascend.errors import CapacityError, StorageError
-from torchrec_ascend.kernels import shard_checkpoint
+from torchrec_ascend.kernels import row_tier
 from torchrec_ascend.kernels.key_value import cache_metrics
 from torchrec_ascend.kernels.walk import sharded_kernels
 
@@ -160,11 +160,11 @@ def test_a_checkpoint_changed_during_a_load_is_named_and_the_table_said_partiall
     assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
 
 
-def test_an_increment_is_read_and_written_a_block_at_a_time(tmp_path, monkeypatch) -> None:
-    """The changed rows an increment takes from below the cache are read and written at most ``BLOCK_ROWS`` at a
-    time, as a full save's are (an increment larger than memory streams), and the chain loads back into a fresh
-    model (oracle: the rows at the save)."""
-    monkeypatch.setattr(shard_checkpoint, "BLOCK_ROWS", 5)
+def test_saves_read_and_write_the_rows_below_the_cache_a_block_at_a_time(tmp_path, monkeypatch) -> None:
+    """The rows a full save and an increment take from below the cache are read and written at most ``BLOCK_ROWS``
+    at a time (a table larger than memory streams), and the chain loads back into a fresh model (oracle: the rows at
+    the save)."""
+    monkeypatch.setattr(row_tier, "BLOCK_ROWS", 5)
     dmp = model(str(tmp_path / "disk"))
     path = str(tmp_path / "ckpt")
     for start in range(0, 60, 10):
@@ -174,9 +174,10 @@ def test_an_increment_is_read_and_written_a_block_at_a_time(tmp_path, monkeypatc
         train(dmp, list(range(start, start + 10)))
     Saver().save(dmp, path, incremental=True)
     saved = rows(dmp)
-    (entry,) = resolve_chain(path)[-1][1]["shards"]
-    sizes = [block["ids"]["shape"][0] for block in entry["blocks"]]
-    assert sum(sizes) == 60 and sizes[0] <= CACHE_ROWS and len(sizes) > 3 and max(sizes[1:]) <= 5, sizes
+    for _, metadata in resolve_chain(path):  # the full save, then the increment: 60 IDs each
+        (entry,) = metadata["shards"]
+        sizes = [block["ids"]["shape"][0] for block in entry["blocks"]]
+        assert sum(sizes) == 60 and sizes[0] <= CACHE_ROWS and len(sizes) > 3 and max(sizes[1:]) <= 5, sizes
     loaded = model(str(tmp_path / "loaded"))
     Saver().load(loaded, path)
     got = rows(loaded)

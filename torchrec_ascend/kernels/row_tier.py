@@ -23,6 +23,10 @@ from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.hash.slot_table import Assignment
 from torchrec_ascend.kernels.pool import Pool
 
+# Rows a checkpoint moves between the tiers below the pool and its files at a time (full and incremental saves
+# alike), so a table whose rows do not fit in memory saves and loads a block at a time.
+BLOCK_ROWS = 65536
+
 
 class RowTier(Protocol):
     """What a hash kernel does with rows outside its pool; ``t`` is a table's index within the kernel.
@@ -43,7 +47,7 @@ class RowTier(Protocol):
         """Pool rows ``slots`` of ``ids`` are about to be freed by eviction."""
 
     def stored(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        """Every ``(keys, packed rows)`` held below the pool, in blocks."""
+        """Every ``(keys, packed rows)`` held below the pool, in blocks of at most :data:`BLOCK_ROWS` rows."""
 
     def read(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Packed rows of ``keys`` from below the pool, and which were found; moves nothing between tiers."""

@@ -22,13 +22,11 @@ import torch
 
 from torchrec_ascend.hash.configs import HashTableSpec
 from torchrec_ascend.hash.slot_table import SlotTable
+from torchrec_ascend.kernels import row_tier
 from torchrec_ascend.kernels.pool import Pool
 from torchrec_ascend.kernels.row_tier import RowTier
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
-# Rows an increment reads from the lower tiers at a time (the tiers' own chunks, as a full save reads them): an
-# increment larger than memory streams like a full save.
-BLOCK_ROWS = 65536
 
 
 @dataclasses.dataclass
@@ -143,7 +141,7 @@ class ShardCheckpoint:
 
         Returns:
             Tuple[Iterator[ShardRows], Callable[[], Tensor]]: blocks covering every ID in every tier (or every
-            changed one); the rows below the pool are read a block at a time (at most :data:`BLOCK_ROWS` rows), so
+            changed one); the rows below the pool are read a block at a time (at most ``row_tier.BLOCK_ROWS``), so
             neither a shard nor an increment is ever held whole. Then, called once the blocks are consumed, the IDs
             that left the shard since the mark (empty for a full export): which of the IDs that left the pool are
             gone is known only once the lower tiers were read.
@@ -172,13 +170,13 @@ class ShardCheckpoint:
         gone: List[torch.Tensor] = []
 
         def changed_below() -> Iterator[ShardRows]:
-            for keys in left.split(BLOCK_ROWS):
+            for keys in left.split(row_tier.BLOCK_ROWS):
                 rows, found = self._tier.read(t, keys)
                 gone.append(keys[~found])
                 yield _lower_tier_rows(keys[found], rows[found])
 
         def removed() -> torch.Tensor:
-            if len(gone) < -(-left.numel() // BLOCK_ROWS):
+            if len(gone) < -(-left.numel() // row_tier.BLOCK_ROWS):
                 raise RuntimeError(f"table {self._pool.names[t]!r}: the IDs an increment drops are known once its "
                                    "blocks were read; consume the blocks first")
             return torch.cat([_EMPTY, *gone])
