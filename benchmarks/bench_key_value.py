@@ -106,6 +106,7 @@ def snapshot(v: Variant, timers: List[TimedPolicy], clock: MappingClock) -> Dict
     totals = {k: float(sum(m[k] for m in metrics)) for k in COUNTERS}
     totals["policy_s"] = sum(sum(t.per_step.values()) for t in timers)
     totals["mapping_s"] = clock.seconds
+    totals.update({f"{part}_s": seconds for part, seconds in clock.parts.items()})
     totals["cache_rows"] = float(sum(m["cache_rows"] for m in metrics))
     return totals
 
@@ -204,6 +205,8 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
             f"{row['hit rate']:>10.3f}{row['swapped in/step']:>9.0f}{row['policy ms/step']:>16.2f}"
             f"{row['policy % of step']:>13.1f}%" if name != "FUSED" else ""))
     default = f"KEY_VALUE {a.policies[0]}"
+    notes.append(step_gap(variants["FUSED"]["per_rank"], variants[default]["per_rank"], steps, default))
+    print(notes[-1])
     targets.insert(0, target(f"{default} / FUSED samples/s", ratio[default], ">=", THROUGHPUT_TARGET))
     for t in targets:
         print(f"target {t['what']}: {t['value']:.3f} ({t['target']}): {'met' if t['met'] else 'NOT met'}")
@@ -217,6 +220,27 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
                "kernels' IdMapper.map_on_host (slot tables, policies, and for KEY_VALUE the swaps with the host "
                "store, policy time included) the same way: the gap to FUSED is mostly this."],
     )
+
+
+def step_gap(fused: List[Dict[str, float]], key_value: List[Dict[str, float]], steps: int, name: str) -> str:
+    """Where a KEY_VALUE step's time beyond a FUSED step's goes, on the rank that maps the longest (means over the
+    timed steps, ms): its ID mapping split into the swap's parts (:class:`MappingClock`), the policy and the rest;
+    and the gap outside the mapping (the collectives waiting on the slower rank)."""
+    rank = max(range(len(key_value)), key=lambda r: key_value[r]["mapping_s"])
+    kv, base = key_value[rank], fused[rank]
+    ms = {k: 1e3 * v / steps for k, v in kv.items()}
+    gap = ms["seconds"] - 1e3 * base["seconds"] / steps
+    mapping_gap = ms["mapping_s"] - 1e3 * base["mapping_s"] / steps
+    swap = {part: ms[f"{part}_s"] for part in MappingClock.SWAP_PARTS}
+    rest = ms["mapping_s"] - sum(swap.values()) - ms["policy_s"]
+    parts = ", ".join(f"{part} {value:.2f}" for part, value in swap.items())
+    return (f"where a {name} step goes beyond a FUSED one (rank {rank}, the longer mapping; means over the timed "
+            f"steps): {ms['seconds']:.2f} ms against {ms['seconds'] - gap:.2f} ms, a gap of {gap:.2f} ms. Its ID "
+            f"mapping takes {ms['mapping_s']:.2f} ms ({mapping_gap:.2f} more than FUSED's): {parts} (host store: its "
+            f"put and pop, index passes and row copies in host memory; row copies: the cache's rows packed for the "
+            f"host and unpacked from it), eviction policy {ms['policy_s']:.2f}, slot tables and the rest "
+            f"{rest:.2f} (unique IDs, lookups, masks and map updates, new rows' initial values, Python); outside the "
+            f"mapping {gap - mapping_gap:.2f} ms (the collectives wait for the rank whose mapping took longer)")
 
 
 def cache_fraction(text: str) -> float:

@@ -55,6 +55,7 @@ from results import write_result
 from torchrec_ascend.conformance_tests.launch import run_distributed
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.fused import HashRows
+from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
 from torchrec_ascend.kernels.walk import sharded_kernels
 from torchrec_ascend.policies.hashing import mix64
 from torchrec_ascend.shutdown import end_rank
@@ -231,30 +232,45 @@ class Variant:
 class MappingClock:
     """Seconds this rank's hash kernels of ``model`` spend choosing rows for a batch's IDs (every kernel's
     ``IdMapper.map_on_host``: the slot tables, their policies and, for KEY_VALUE, the swaps with the host store),
-    the work a hash step does that a stock step does not.
+    the work a hash step does that a stock step does not; and, within it, the parts of a KEY_VALUE swap
+    (:data:`SWAP_PARTS`).
 
     Example::
 
         clock = MappingClock(variant.model)
         variant.run(20)
-        clock.seconds  # of the 20 steps (and anything before)
+        clock.seconds                  # of the 20 steps (and anything before)
+        clock.parts["host store"]      # of which in the host stores' put and pop (KEY_VALUE kernels)
     """
+
+    # Per part of a KEY_VALUE swap, the methods timed: on each table's host store, and on the kernel's pool.
+    SWAP_PARTS = {"host store": ("put", "pop"), "row copies": ("pack_stored", "unpack_stored")}
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.seconds = 0.0
+        self.parts: Dict[str, float] = dict.fromkeys(self.SWAP_PARTS, 0.0)
         for kernel in sharded_kernels(model):
             if isinstance(kernel, HashRows):
-                mapper = kernel._mapper  # the benchmark's own timer around our mapper; nothing else changes
-                mapper.map_on_host = self._timed(mapper.map_on_host)  # type: ignore[method-assign]
+                mapper = kernel._mapper  # the benchmark's own timers around our parts; nothing else changes
+                mapper.map_on_host = self._timed(mapper.map_on_host, None)  # type: ignore[method-assign]
+            if isinstance(kernel, KeyValueRows):
+                owners = {"host store": kernel._stores, "row copies": [kernel.pool]}
+                for part, methods in self.SWAP_PARTS.items():
+                    for owner in owners[part]:
+                        for method in methods:
+                            setattr(owner, method, self._timed(getattr(owner, method), part))
 
-    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def _timed(self, fn: Callable[..., Any], part: Optional[str]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.seconds += time.perf_counter() - start
+                if part is None:
+                    self.seconds += time.perf_counter() - start
+                else:
+                    self.parts[part] += time.perf_counter() - start
         return timed
 
 

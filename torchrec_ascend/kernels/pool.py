@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import Any, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -105,6 +105,7 @@ class Pool:
         self._default_slots = default_slots
         self._init_ranges = [(t.get_weight_init_min(), t.get_weight_init_max()) for t in tables]
         self.names: List[str] = [t.name for t in tables]
+        self._codecs: Dict[int, RowCodec] = {}  # built on first use: every swap asks for one
 
     def col0(self, t: int) -> int:
         """Table ``t``'s first column in this shard."""
@@ -124,7 +125,9 @@ class Pool:
 
     def codec(self, t: int) -> RowCodec:
         """How the row tiers store table ``t``'s packed rows."""
-        return RowCodec(self.cols(t), self.row_width(t) - self.cols(t), self._tbe.weights(t).dtype)
+        if t not in self._codecs:
+            self._codecs[t] = RowCodec(self.cols(t), self.row_width(t) - self.cols(t), self._tbe.weights(t).dtype)
+        return self._codecs[t]
 
     @property
     def optimizer_name(self) -> str:

@@ -229,13 +229,14 @@ class HostStore:
         if self._disk_empty():  # every row is in host memory: one native pass finds and removes the keys
             slots = self._index.pop(keys, self._stamp_store, FREE_STAMP)
             found = slots >= 0
-            if bool(found.all()):
+            num_found = int(found.sum())
+            if num_found == keys.numel():
                 rows = self._rows.gather(slots)  # freed slots keep their rows until the next put hands them out
             else:
                 hit = found.nonzero().squeeze(1)
                 rows = torch.zeros(keys.numel(), self.width, dtype=self.dtype)
                 rows.index_copy_(0, hit, self._rows.gather(slots.index_select(0, hit)))
-            self._counters["host_reads"] += int(found.sum())
+            self._counters["host_reads"] += num_found
             self._version += 1
             return rows, found
         rows, found, _ = self._read_host(keys)
