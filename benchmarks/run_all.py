@@ -284,8 +284,9 @@ def load() -> str:
         return "unknown"
 
 
-def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, load_before: str) -> str:
-    """The markdown report."""
+def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, load_before: str,
+           setting: List[str]) -> str:
+    """The markdown report; ``setting``: :func:`machine`'s lines, taken when the run started (the code that ran)."""
     total = sum(o.seconds for o in outcomes)
     lines = [
         "# Benchmark report",
@@ -293,7 +294,7 @@ def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, loa
         f"Written by `benchmarks/run_all.py{' --smoke' if smoke else ''}` (`bash scripts/run-benchmarks`) on "
         f"{started:%Y-%m-%d %H:%M} UTC; {len(outcomes)} benchmark(s) in {total / 60:.1f} minutes.",
         "",
-        *machine(),
+        *setting,
         f"- Load average (1/5/15 min) before: {load_before}; after: {load()}. The machine is shared: other jobs "
         "ran on its 2 cores meanwhile, so single runs vary by 2x and more (see the runs columns). Every ratio below is "
         "against a baseline measured in the same run (interleaved with it where the benchmark says so), and every "
@@ -354,7 +355,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--timeout", type=float, default=None, help="seconds per benchmark (default 900, smoke 300)")
     args = parser.parse_args(argv)
     timeout = args.timeout or (300.0 if args.smoke else 900.0)
-    started, load_before = datetime.datetime.now(datetime.timezone.utc), load()
+    started, load_before, setting = datetime.datetime.now(datetime.timezone.utc), load(), machine()
     outcomes = []
     for benchmark in BENCHMARKS:
         if args.only and benchmark.name not in args.only:
@@ -364,7 +365,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"  {outcome.seconds:.0f} s" + (f": {outcome.error}" if outcome.error else ""), flush=True)
         outcomes.append(outcome)
     kept = standalone_sections(args.report)
-    Path(args.report).write_text(report(outcomes, args.smoke, started, load_before) + kept)
+    Path(args.report).write_text(report(outcomes, args.smoke, started, load_before, setting) + kept)
     print(f"wrote {args.report}")
     return 1 if any(o.error for o in outcomes) else 0
 

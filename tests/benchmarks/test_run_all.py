@@ -133,7 +133,9 @@ def test_report_lists_failures_and_targets() -> None:
     broken = run_all.Outcome(run_all.BENCHMARKS[1], ["python", "bench_policies.py"], 1.0, 1, "boom",
                              error="exited with status 1")
     started = run_all.datetime.datetime(2030, 1, 2)
-    text = run_all.report([ok, broken], smoke=False, started=started, load_before="1")
+    setting = ["- Software: commit 0123abc (taken when the run started)"]
+    text = run_all.report([ok, broken], smoke=False, started=started, load_before="1", setting=setting)
+    assert setting[0] in text and "- Machine:" not in text  # what ran, not the tree when the report is written
     assert "| id_map: IdMap later-batch M IDs/s | >= 100 | 102 | yes |" in text
     assert "| policies | | **exited with status 1** | no |" in text
     assert "2030-01-02" in text and "boom" in text
