@@ -178,6 +178,8 @@ def _torch_state(original: Callable[..., None]) -> Callable[..., None]:
 
 def _pre_load(original: Callable[..., None]) -> Callable[..., None]:
     def _pre_load_state_dict_hook(self: Any, state_dict: Dict[str, Any], prefix: str, *args: Any) -> None:
+        import torch
+
         from torchrec_ascend.checkpoint.key_value_state import load_key_value_entries
         from torchrec_ascend.checkpoint.stock import load_weight_ids
 
@@ -189,14 +191,12 @@ def _pre_load(original: Callable[..., None]) -> Callable[..., None]:
         for key in [k for k in state_dict if k.startswith(prefix) and ".slots." in k]:
             del state_dict[key]
         plan = getattr(self, "module_sharding_plan", {})
-        for table, sharding in plan.items():  # a partial (e.g. dense-only) state_dict may lack KEY_VALUE tables:
-            for attr in ("embeddings", "embedding_bags"):  # give the stock hook this module's own (a no-op load)
-                key = f"{prefix}{attr}.{table}.weight"
-                own = getattr(self, "_model_parallel_name_to_sharded_tensor", {}).get(table)
-                if sharding.compute_kernel == "key_value" and (key not in state_dict or key in loaded) \
-                        and own is not None:
-                    if hasattr(self, attr):
-                        state_dict[key] = own
+        for table, sharding in plan.items():  # loaded above, or missing from a partial (e.g. dense-only) state_dict:
+            for attr in ("embeddings", "embedding_bags"):  # the stock hook needs the key, so it gets an empty
+                key = f"{prefix}{attr}.{table}.weight"      # stand-in (it slices and concatenates nothing; the
+                if sharding.compute_kernel == "key_value" and hasattr(self, attr) \
+                        and (key not in state_dict or key in loaded):  # table's own windows would read every row)
+                    state_dict[key] = torch.empty(0, 0)
         original(self, state_dict, prefix, *args)
         # A KEY_VALUE table's rows live in its tiers (loaded above), not in a tensor of its shape: stock loading skips
         # them.
