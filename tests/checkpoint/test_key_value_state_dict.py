@@ -8,12 +8,14 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
-from typing import Iterator, Type
+from typing import Iterator, List, Type
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 import torchrec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -23,6 +25,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
+from torchrec_ascend.checkpoint import sharded
 from torchrec_ascend.checkpoint.key_value_state import TableView
 from torchrec_ascend.checkpoint.sharded import WINDOW_BYTES
 from torchrec_ascend.errors import ConfigError
@@ -117,6 +120,35 @@ def test_a_load_writes_each_row_once_and_reads_none_back(disk: str, monkeypatch:
     assert reads == []
     monkeypatch.undo()
     assert torch.equal(lookups(loaded, range(10)), lookups(saved, range(10)))
+
+
+def test_windows_read_in_any_order_hold_the_same_rows(disk: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Windows read front to back (DCP's save) come from one sequential pass over the tiers; windows read in any other
+    # order look each ID up. The two must agree, for the weights and the optimizer state, on windows spanning the
+    # cache's and the disk's blocks.
+    monkeypatch.setattr(sharded, "WINDOW_BYTES", 40 * 4 * (DIM + 1))  # 40-row windows
+    dmp = model(disk)
+    train(dmp, range(40))
+    tiers = cache_metrics(dmp)["user"]
+    assert tiers["disk_rows"] > 0 and tiers["host_rows"] > 0, "the rows must live in every tier for this to prove much"
+    state = both(dmp)
+    windows = [s.tensor for s in state["model"]["embedding_bags.user.weight"].local_shards()] + \
+        [s.tensor for s in state["optim"]["state"]["embedding_bags.user.weight"]["user.momentum1"].local_shards()]
+    assert len(windows) == 2 * -(-ROWS // 40)
+    looked_up = []
+    lookup = TableView._looked_up
+    monkeypatch.setattr(TableView, "_looked_up", lambda view, keys: looked_up.append(keys) or lookup(view, keys))
+    front_to_back = [window.clone() for window in windows]
+    assert looked_up == [], "windows read front to back come from the sequential pass"
+
+    @settings(max_examples=30, deadline=None)
+    @given(order=st.permutations(range(len(windows))))
+    def agree(order: List[int]) -> None:
+        read = {i: windows[i].clone() for i in order}
+        assert all(torch.equal(read[i], front_to_back[i]) for i in order)
+
+    agree()
+    assert looked_up, "some windows were looked up"
 
 
 def test_state_dict_entries_are_table_sized_windows(disk: str) -> None:

@@ -10,7 +10,8 @@ batch), cut in windows of at most ``WINDOW_BYTES``:
 * ``<table>.weight_id`` (hash tables): int64 ``[num_embeddings, column shards]``, as for FUSED hash tables;
 * each fused optimizer state in ``fused_optimizer.state_dict()``, sized by the table's rows (not the cache's).
 
-Reading a window (DCP's save clones each one) reads its rows from whichever tier holds them. Writing into windows
+Reading a window (DCP's save clones each one) reads its rows from whichever tier holds them: windows read front to
+back (DCP's order) from one sequential pass over the tiers per part, others by looking each ID up. Writing into windows
 (DCP's load, ``copy_`` as TorchRec's test harness does, ``load_state_dict``) stages the values by row in an unlinked
 temporary file next to the table's disk tier; once the weights (and a hash table's ``weight_id``) and every
 optimizer state are in, or at the next batch, ``state_dict()`` read or ``load_state_dict``, the shard becomes exactly
@@ -20,9 +21,9 @@ the table, and the table is left as it was. So is a load into windows that misse
 (the weights with ``fused_optimizer.state_dict()``'s states): a ``dcp.load`` that failed half-way, on a truncated
 or missing file, is refused at the next batch instead of leaving rows with the wrong optimizer state.
 
-Memory: a save holds one window plus 8 B per ID of the shard (a hash table's IDs, enumerated once per
-``state_dict()``); a load holds one window plus 8 B per row of the shard (the staged IDs), and the restore's own
-blocks.
+Memory: a save holds one window, the pass's blocks it spans (a window's rows each) and 8 B per ID of the shard (a
+hash table's IDs, enumerated once per ``state_dict()``); a load holds one window plus 8 B per row of the shard (the
+staged IDs), and the restore's own blocks.
 
 Example::
 
@@ -38,7 +39,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -84,6 +85,7 @@ class TableView:
         widest = max(int(m.shard_sizes[1]) for m in self.info.table.global_metadata.shards_metadata)
         self._step = window_rows(widest + sum(widest if shape else 1 for shape in self.info.state_shapes))
         self._ids: Optional[torch.Tensor] = None
+        self._in_order = _InOrder(lambda: kernel.checkpoint.held_records(t, self._step), self.width)
         self._staging: Optional[_Staging] = None
         self._handed_out: set = set()  # the parts whose windows a state_dict() call took: a load into them fills all
         self.applied = False  # a load into this view reached the table
@@ -111,7 +113,18 @@ class TableView:
         if part == IDS:
             return self._row_ids()[row0:row0 + rows, None]
         keys = self._row_ids()[row0:row0 + rows] if self.layout.hash_ids else torch.arange(row0, row0 + rows)
-        records = torch.zeros(rows, self.width)
+        records = self._in_order.take(row0, keys) if self.layout.hash_ids else None
+        if records is None:
+            records = self._looked_up(keys)
+        col0, width = self._columns[part]
+        values = records[:, col0:col0 + width]
+        if part >= 2 and self.info.state_shapes[part - 2] == ():
+            values = values[:, 0]
+        return values.to(self.dtype(part))
+
+    def _looked_up(self, keys: torch.Tensor) -> torch.Tensor:
+        """The records of rows holding ``keys`` (-1: none), each looked up in whichever tier holds it."""
+        records = torch.zeros(keys.numel(), self.width)
         held = (keys >= 0).nonzero().squeeze(1)
         found_rows, found = self.kernel.checkpoint.read_records(self.t, keys[held])
         if self.layout.hash_ids and not bool(found.all()):
@@ -122,11 +135,7 @@ class TableView:
         fresh = ~found  # plain tables: a row never trained is its initial value, with fresh optimizer state
         found_rows[fresh, :self.cols] = self.kernel.initial_rows(self.t, self.layout.to_global(keys[held][fresh]))
         records[held] = found_rows
-        col0, width = self._columns[part]
-        values = records[:, col0:col0 + width]
-        if part >= 2 and self.info.state_shapes[part - 2] == ():
-            values = values[:, 0]
-        return values.to(self.dtype(part))
+        return records
 
     @no_numpy_huge_pages()
     def write(self, part: int, row0: int, col0: int, values: torch.Tensor) -> None:
@@ -359,6 +368,51 @@ class TableView:
                                             rank_of(table.local_metadata), self.name)
         return windowed(metadata, local, lambda r, n: RowWindow(self, 2 + k, r, n), torch.float32,
                         self.kernel.process_group, self._step)
+
+
+class _InOrder:
+    """A hash shard's records in the order its view enumerates the rows' IDs, read block by block from one
+    sequential pass over the tiers: windows read front to back (as DCP's save reads them, once per part) cost a
+    sequential read instead of a lookup per ID. Holds the blocks (a window's rows each) a window spans.
+
+    Args:
+        blocks: starts a pass, ``(keys, records)`` blocks in the enumeration's order (``held_records``).
+        width: floats per record.
+    """
+
+    def __init__(self, blocks: Callable[[], Iterator[Tuple[torch.Tensor, torch.Tensor]]], width: int) -> None:
+        self._blocks, self._width = blocks, width
+        self._pass: Optional[Iterator[Tuple[torch.Tensor, torch.Tensor]]] = None
+        self._start = 0  # the row of the first record buffered
+        self._buffered: List[Tuple[torch.Tensor, torch.Tensor]] = []
+
+    def take(self, row0: int, keys: torch.Tensor) -> Optional[torch.Tensor]:
+        """The records of rows ``row0, row0 + 1, ...`` holding ``keys`` (-1 after the last ID: zeros), or None if
+        the pass does not give those keys there (the table changed) or ``row0`` lies behind it and is not the
+        first row (windows read out of order): the caller looks them up."""
+        if self._pass is None or row0 < self._start:
+            if row0:
+                return None
+            self._pass, self._start, self._buffered = self._blocks(), 0, []
+        end = row0 + keys.numel()
+        while self._buffered and self._start + self._buffered[0][0].numel() <= row0:  # windows go forward
+            self._start += self._buffered.pop(0)[0].numel()
+        buffered_end = self._start + sum(k.numel() for k, _ in self._buffered)
+        while buffered_end < end and (block := next(self._pass, None)) is not None:
+            if buffered_end + block[0].numel() <= row0:  # the block ends before the window: skip it
+                self._start = buffered_end = buffered_end + block[0].numel()
+                continue
+            self._buffered.append(block)
+            buffered_end += block[0].numel()
+        pieces, first = [], row0 - self._start
+        for block_keys, block_records in self._buffered:
+            rows = slice(max(first, 0), max(end - row0 + first, 0))
+            pieces.append((block_keys[rows], block_records[rows]))
+            first -= block_keys.numel()
+        held = torch.cat([_EMPTY, *(k for k, _ in pieces)])
+        if not torch.equal(held, keys[:held.numel()]) or bool((keys[held.numel():] >= 0).any()):
+            return None
+        return torch.cat([*(r for _, r in pieces), torch.zeros(keys.numel() - held.numel(), self._width)])
 
 
 class _Staging:

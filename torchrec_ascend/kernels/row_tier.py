@@ -10,7 +10,7 @@ evicted ID is dropped, an arriving one initialised); KEY_VALUE uses
 Example::
 
     tier = kernel.row_tier            # PoolOnly for a FUSED kernel
-    tier.lower_tiers, list(tier.stored(0))   # (False, [])
+    tier.lower_tiers, list(tier.stored(0, BLOCK_ROWS))   # (False, [])
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ class RowTier(Protocol):
     def left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
         """Pool rows ``slots`` of ``ids`` are about to be freed by eviction."""
 
-    def stored(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        """Every ``(keys, packed rows)`` held below the pool, in blocks of at most :data:`BLOCK_ROWS` rows."""
+    def stored(self, t: int, block_rows: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """Every ``(keys, packed rows)`` held below the pool, in blocks of at most ``block_rows`` rows."""
 
     def read(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Packed rows of ``keys`` from below the pool, and which were found; moves nothing between tiers."""
@@ -92,7 +92,7 @@ class PoolOnly:
     def left(self, t: int, slots: torch.Tensor, ids: torch.Tensor) -> None:
         return None
 
-    def stored(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    def stored(self, t: int, block_rows: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         return iter(())
 
     def read(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

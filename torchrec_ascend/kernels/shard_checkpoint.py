@@ -127,7 +127,8 @@ class ShardCheckpoint:
         first column."""
         ids, slots = self._slot_tables[t].id_map.export()
         cols = self._pool.cols(t)
-        parts = [(ids, self._pool.gather(t, slots))] + [(k, r[:, :cols]) for k, r in self._tier.stored(t)]
+        below = self._tier.stored(t, row_tier.BLOCK_ROWS)
+        parts = [(ids, self._pool.gather(t, slots))] + [(k, r[:, :cols]) for k, r in below]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), self._pool.col0(t)
 
     def export_shard(
@@ -165,7 +166,7 @@ class ShardCheckpoint:
             ids, slots, last_used = table.held()
         pool = ShardRows(ids, slots, last_used, self._pool.pack(t, slots))
         if not changed_only:
-            lower = (_lower_tier_rows(keys, rows) for keys, rows in self._tier.stored(t))
+            lower = (_lower_tier_rows(keys, rows) for keys, rows in self._tier.stored(t, row_tier.BLOCK_ROWS))
             return itertools.chain([pool], lower), lambda: _EMPTY
         gone: List[torch.Tensor] = []
 
@@ -187,8 +188,17 @@ class ShardCheckpoint:
         """Every key table ``t``'s shard holds, in blocks: the pool's, then each lower tier's (rows are read and
         dropped a block at a time: the keys of a disk tier are in its records)."""
         yield self._slot_tables[t].id_map.export()[0]
-        for keys, _ in self._tier.stored(t):
+        for keys, _ in self._tier.stored(t, row_tier.BLOCK_ROWS):
             yield keys
+
+    def held_records(self, t: int, block_rows: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """Every key table ``t``'s shard holds with its packed record (:meth:`read_records`' layout), in
+        :meth:`held_keys`' order, at most ``block_rows`` at a time: the lower tiers read sequentially, as a full
+        :meth:`export_shard` reads them."""
+        keys, slots = self._slot_tables[t].id_map.export()
+        for start in range(0, keys.numel(), block_rows):
+            yield keys[start:start + block_rows], self._pool.pack(t, slots[start:start + block_rows])
+        yield from self._tier.stored(t, block_rows)
 
     def read_records(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The current packed record (:meth:`Pool.pack` layout) of each of ``keys`` from whichever tier holds it;

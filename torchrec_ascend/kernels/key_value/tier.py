@@ -21,7 +21,6 @@ import torch
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 
 from torchrec_ascend.hash.slot_table import Assignment
-from torchrec_ascend.kernels import row_tier
 from torchrec_ascend.kernels.key_value.disk_store import DiskStore
 from torchrec_ascend.kernels.key_value.host_store import HostStore
 from torchrec_ascend.kernels.pool import Pool
@@ -98,8 +97,8 @@ class HostDiskTier:
         self.stores[t].put(ids, self._pool.pack_stored(t, slots))
         self.swaps[t]["swapped_out"] += ids.numel()
 
-    def stored(self, t: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        return ((keys, self._codecs[t].decode(rows)) for keys, rows in self.stores[t].chunks(row_tier.BLOCK_ROWS))
+    def stored(self, t: int, block_rows: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        return ((keys, self._codecs[t].decode(rows)) for keys, rows in self.stores[t].chunks(block_rows))
 
     def read(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         store = self.stores[t]
