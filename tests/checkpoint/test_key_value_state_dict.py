@@ -151,6 +151,26 @@ def test_windows_read_in_any_order_hold_the_same_rows(disk: str, monkeypatch: py
     assert looked_up, "some windows were looked up"
 
 
+def test_windows_read_across_a_batch_hold_their_ids_rows(disk: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A batch moves rows between the tiers: a pass over them begun before it must not go on pairing its IDs with rows.
+    monkeypatch.setattr(sharded, "WINDOW_BYTES", 40 * 4 * (DIM + 1))  # 40-row windows
+    dmp = model(disk)
+    train(dmp, range(40))
+    state = dmp.state_dict()
+    windows = [s.tensor for s in state["embedding_bags.user.weight"].local_shards()]
+    ids = torch.cat([s.tensor.clone() for s in state["embedding_bags.user.weight_id"].local_shards()]).squeeze(1)
+    windows[0].clone()  # the pass begins
+    train(dmp, range(40, 50))
+    got = torch.cat([window.clone() for window in windows])
+    held = ids >= 0
+    dmp.eval()
+    with torch.no_grad():  # a bag of one ID pools to its row
+        lengths = torch.cat([torch.ones(int(held.sum())), torch.zeros(int(held.sum()))]).long()
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=ids[held], lengths=lengths)
+        expected = dmp(kjt).values()[:, :DIM]
+    assert torch.equal(got[held], expected)
+
+
 def test_state_dict_entries_are_table_sized_windows(disk: str) -> None:
     dmp = model(disk, rows=400_000)
     train(dmp, range(3))

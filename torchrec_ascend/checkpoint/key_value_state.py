@@ -85,7 +85,8 @@ class TableView:
         widest = max(int(m.shard_sizes[1]) for m in self.info.table.global_metadata.shards_metadata)
         self._step = window_rows(widest + sum(widest if shape else 1 for shape in self.info.state_shapes))
         self._ids: Optional[torch.Tensor] = None
-        self._in_order = _InOrder(lambda: kernel.checkpoint.held_records(t, self._step), self.width)
+        self._in_order: Optional[_InOrder] = _InOrder(lambda: kernel.checkpoint.held_records(t, self._step),
+                                                      self.width)
         self._staging: Optional[_Staging] = None
         self._handed_out: set = set()  # the parts whose windows a state_dict() call took: a load into them fills all
         self.applied = False  # a load into this view reached the table
@@ -113,7 +114,7 @@ class TableView:
         if part == IDS:
             return self._row_ids()[row0:row0 + rows, None]
         keys = self._row_ids()[row0:row0 + rows] if self.layout.hash_ids else torch.arange(row0, row0 + rows)
-        records = self._in_order.take(row0, keys) if self.layout.hash_ids else None
+        records = self._in_order.take(row0, keys) if self._in_order and self.layout.hash_ids else None
         if records is None:
             records = self._looked_up(keys)
         col0, width = self._columns[part]
@@ -160,6 +161,11 @@ class TableView:
         staging.written[part] += values.numel()
         if all(staging.written[p] == self._size(p) for p in self.parts()) and not awaited(self.kernel, self.t):
             self.settle()  # everything is in (a whole DCP load of model and optimizer): apply it now
+
+    def rows_move(self) -> None:
+        """The table's rows are about to move (a batch, a load): windows read from now on look their IDs up, since a
+        pass begun before would pair its IDs with rows that moved."""
+        self._in_order = None
 
     # -- loads --------------------------------------------------------------------------------------------------------
 
@@ -242,6 +248,7 @@ class TableView:
                 mask &= ~torch.isin(keys_, in_pool)
                 yield keys_[mask], records[mask]
 
+        self.rows_move()
         self.kernel.checkpoint.restore_shard(self.t, pooled, lower(), state)
         if saved is not None and "iteration" in saved.state:
             self.kernel.set_optimizer_iteration(int(saved.state["iteration"]))
@@ -486,6 +493,7 @@ class KernelViews:
         """Before rows move (a batch, a Saver save or load): apply pending loads, then start over."""
         for view in self.take():
             view.settle()
+            view.rows_move()
 
     def take(self) -> List[TableView]:
         """The views so far; the next ``state_dict()`` makes new ones."""
