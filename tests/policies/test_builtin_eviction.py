@@ -55,6 +55,35 @@ def test_victims_rank_lowest_by_reference(name, steps):
     EvictionDriver(ReferenceTee(make(), make_ref(), tolerance)).run(steps)
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+@settings(deadline=None, max_examples=25)
+@given(steps=steps_strategy(KEYS, CAPACITY, max_steps=14), later=st.integers(0, 40))
+def test_a_state_dict_round_trip_keeps_every_score(name, steps, later):
+    make, _, _ = CASES[name]
+    policy = make()
+    EvictionDriver(policy).run(steps)
+    state = policy.state_dict()
+    restored = make()
+    restored.load_state_dict({k: v.clone() for k, v in state.items()})
+    assert state.keys() == restored.state_dict().keys()
+    assert all(torch.equal(v, restored.state_dict()[k]) for k, v in state.items())
+    step = len(steps) + later
+    assert torch.equal(restored.scores(step), policy.scores(step))
+
+
+@pytest.mark.parametrize("name, number", [("epoch_lru", "inserted"), ("epoch_lfu", "count")])
+@settings(deadline=None, max_examples=25)
+@given(steps=steps_strategy(KEYS, CAPACITY, max_steps=14))
+def test_epoch_policies_save_each_slots_epoch_and_number_as_the_reference_holds_them(name, number, steps):
+    make, make_ref, _ = CASES[name]
+    tee = ReferenceTee(make(), make_ref())
+    EvictionDriver(tee).run(steps)
+    state = tee.policy.state_dict()
+    saved = {"epoch": state["last_epoch"], number: state[tee.policy.state_names[1]]}
+    for slot, meta in tee.ref.meta.items():
+        assert {k: int(v[slot]) for k, v in saved.items()} == {"epoch": meta["epoch"], number: meta[number]}
+
+
 def _insert(policy, slots, step, counts=None):
     slots = torch.tensor(slots)
     policy.on_insert(slots, slots + 100, step, counts=None if counts is None else torch.tensor(counts))

@@ -130,7 +130,7 @@ class CheckedEvictionPolicy(_Checked, EvictionPolicy):
 
     def select_victims(self, num: int, evictable: torch.Tensor, step: int) -> torch.Tensor:
         allowed = self.resident & evictable
-        available = int(allowed.sum())
+        available = int(allowed.count_nonzero())
         if num > available:
             raise CapacityError(
                 f"cannot evict {num} slots with eviction policy {self.policy_name!r}: only {available} of "

@@ -18,7 +18,7 @@ from torchrec_ascend.policies.base import EvictionPolicy
 from torchrec_ascend.policies.options import load_tensors, positive_int
 
 _LOW_BITS = 32
-_LOW_MAX = (1 << _LOW_BITS) - 1
+LOW_MAX = (1 << _LOW_BITS) - 1  # the most the low key of :func:`pack` holds (it saturates there)
 _HIGH_MAX = (1 << (63 - _LOW_BITS)) - 1
 
 
@@ -59,7 +59,7 @@ def pack(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
     """
     packed = high.clamp(0, _HIGH_MAX)
     packed <<= _LOW_BITS
-    packed |= low.clamp(0, _LOW_MAX)
+    packed |= low.clamp(0, LOW_MAX)
     return packed
 
 
@@ -161,10 +161,13 @@ class ScoredEvictionPolicy(EvictionPolicy, abc.ABC):
 
 
 class EpochScoredPolicy(ScoredEvictionPolicy, abc.ABC):
-    """A :class:`ScoredEvictionPolicy` that counts time in epochs of ``epoch_steps`` steps.
+    """A :class:`ScoredEvictionPolicy` that ranks slots by ``(epoch of the last access, one number of its own)``.
 
-    It holds ``last_epoch`` (``[capacity]`` int64, the epoch of each slot's last access, in ``state_names`` of
-    the subclass) and :meth:`epoch`; the subclass ranks slots by ``last_epoch`` and one number of its own.
+    Both live packed in one int64 per slot, ``packed = last_epoch << 32 | number`` (as :func:`pack` orders them), so
+    :meth:`scores` is that tensor as it stands and an access rewrites only the slots it touched: no pass over the
+    capacity per step. A subclass writes ``packed`` in :meth:`reset` and :meth:`record` (:meth:`epoch_bits` gives
+    the epoch's part) and names the two numbers in ``state_names`` (``("last_epoch", <its own>)``): the
+    ``state_dict`` holds them apart, so it reads like any other scored policy's.
 
     Args:
         capacity (int): number of slots.
@@ -177,26 +180,41 @@ class EpochScoredPolicy(ScoredEvictionPolicy, abc.ABC):
     Example::
 
         class EpochFIFO(EpochScoredPolicy):
-            state_names = ("last_epoch",)
+            state_names = ("last_epoch", "inserted_step")
 
             def __init__(self, capacity, epoch_steps=100):
                 super().__init__(capacity, epoch_steps, "epoch_fifo")
 
             def reset(self, slots, keys, step):
-                pass
+                self.packed.index_fill_(0, slots, self.epoch_bits(step) | min(step, LOW_MAX))
 
             def record(self, slots, counts, step, signals):
-                self.last_epoch[slots] = self.epoch(step)
-
-            def scores(self, step):
-                return self.last_epoch
+                pass
     """
 
     def __init__(self, capacity: int, epoch_steps: int, policy: str) -> None:
         super().__init__(capacity)
         self.epoch_steps = positive_int(policy, "epoch_steps", epoch_steps)
-        self.last_epoch = torch.zeros(capacity, dtype=torch.int64)
+        self.packed = torch.zeros(capacity, dtype=torch.int64)
 
     def epoch(self, step: int) -> int:
         """The epoch ``step`` falls in."""
         return step // self.epoch_steps
+
+    def epoch_bits(self, step: int) -> int:
+        """``packed``'s value for the epoch of ``step`` and a number of 0."""
+        return min(self.epoch(step), _HIGH_MAX) << _LOW_BITS
+
+    def scores(self, step: int) -> torch.Tensor:
+        return self.packed
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        epoch, number = self.state_names
+        return {"resident": self.resident.clone(), epoch: self.packed >> _LOW_BITS, number: self.packed & LOW_MAX}
+
+    def load_state_dict(self, state: Dict[str, torch.Tensor]) -> None:
+        epoch, number = self.state_names
+        parts = {name: torch.empty_like(self.packed) for name in (epoch, number)}
+        load_tensors(state, {"resident": self.resident, **parts}, type(self).__name__,
+                     f"restore it into a policy with the same capacity ({self.capacity}) and options")
+        self.packed.copy_(pack(parts[epoch], parts[number]))

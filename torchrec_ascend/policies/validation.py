@@ -83,13 +83,13 @@ def victims_problem(
 
 def victims_ok(victims: Any, num: int, capacity: int, allowed: torch.Tensor, num_allowed: int) -> bool:
     """Whether :func:`victims_problem` finds nothing, in a few ops (the checked wrapper asks on every eviction;
-    :func:`victims_problem` then says what is wrong).
+    :func:`victims_problem` then says what is wrong). Clears the victims from ``allowed``: pass a scratch mask.
 
     Args:
         victims: what the policy returned.
         num (int): how many victims were asked for.
         capacity (int): number of slots of the pool.
-        allowed (torch.Tensor): ``[capacity]`` bool, resident and evictable.
+        allowed (torch.Tensor): ``[capacity]`` bool, resident and evictable; overwritten.
         num_allowed (int): how many slots ``allowed`` holds.
 
     Returns:
@@ -98,18 +98,21 @@ def victims_ok(victims: Any, num: int, capacity: int, allowed: torch.Tensor, num
     Example::
 
         allowed = resident & evictable
-        assert victims_ok(victims, num, capacity, allowed, int(allowed.sum()))
+        assert victims_ok(victims, num, capacity, allowed, int(allowed.count_nonzero()))
     """
     if not isinstance(victims, torch.Tensor) or victims.dtype != torch.int64 or victims.dim() != 1:
         return False
     if victims.numel() != num or not num:
         return victims.numel() == num
-    low, high = torch.aminmax(victims)
-    if int(low) < 0 or int(high) >= capacity:
+    if int(victims.min()) < 0:  # index_fill_ would count from the end
         return False
-    # Clearing the victims from a copy of `allowed` removes exactly one slot per victim iff they are distinct and
-    # all allowed: one scatter and one count instead of a bincount and two gathers.
-    return num_allowed - int(allowed.clone().index_fill_(0, victims, False).sum()) == num
+    try:
+        allowed.index_fill_(0, victims, False)
+    except IndexError:  # a slot >= capacity
+        return False
+    # Clearing the victims removes exactly one slot per victim iff they are distinct and all allowed: one scatter
+    # and one count instead of a bincount and two gathers.
+    return num_allowed - int(allowed.count_nonzero()) == num
 
 
 def admission_problem(mask: Any, keys: torch.Tensor) -> Optional[str]:

@@ -8,7 +8,7 @@ import torch
 
 from torchrec_ascend.policies.key_table import BoundedKeyScores
 from torchrec_ascend.policies.options import non_negative_int
-from torchrec_ascend.policies.scored import EpochScoredPolicy, ScoredEvictionPolicy, pack
+from torchrec_ascend.policies.scored import LOW_MAX, EpochScoredPolicy, ScoredEvictionPolicy, pack
 
 
 class LFU(ScoredEvictionPolicy):
@@ -80,7 +80,8 @@ class EpochLFU(EpochScoredPolicy):
     """Frequency within epochs of ``epoch_steps`` steps: slots unused for the most epochs go first, then the least used.
 
     A slot is ranked by ``(epoch of its last access, accesses within that epoch)``. Counts restart when a slot is
-    first used in a new epoch, so popularity that faded does not pin a slot forever (LFU's cache pollution).
+    first used in a new epoch, so popularity that faded does not pin a slot forever (LFU's cache pollution); they
+    saturate at ``2**32 - 1``.
 
     Args, Raises: as :class:`EpochScoredPolicy` (``capacity``; ``epoch_steps`` >= 1, default 100).
 
@@ -93,19 +94,14 @@ class EpochLFU(EpochScoredPolicy):
 
     def __init__(self, capacity: int, epoch_steps: int = 100) -> None:
         super().__init__(capacity, epoch_steps, "epoch_lfu")
-        self.epoch_count = torch.zeros(capacity, dtype=torch.int64)
 
     def reset(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
-        self.last_epoch.index_fill_(0, slots, -1)  # no epoch: record() restarts the count
+        self.packed.index_fill_(0, slots, 0)  # no count, and an epoch record() moves on from
 
     def record(
         self, slots: torch.Tensor, counts: torch.Tensor, step: int, signals: Optional[Dict[str, torch.Tensor]]
     ) -> None:
-        epoch = self.epoch(step)
-        stale = self.last_epoch.index_select(0, slots) != epoch
-        counted = self.epoch_count.index_select(0, slots).masked_fill_(stale, 0)  # a new epoch restarts the count
-        self.epoch_count.index_copy_(0, slots, counted.add_(counts))
-        self.last_epoch.index_fill_(0, slots, epoch)
-
-    def scores(self, step: int) -> torch.Tensor:
-        return pack(self.last_epoch, self.epoch_count)
+        epoch = self.epoch_bits(step)
+        # A slot last used in an earlier epoch is below `epoch`: raising it there restarts its count.
+        counted = self.packed.index_select(0, slots).clamp_(min=epoch).add_(counts)
+        self.packed.index_copy_(0, slots, counted.clamp_(max=epoch | LOW_MAX))  # counts saturate

@@ -6,7 +6,7 @@ from typing import Dict, Optional
 
 import torch
 
-from torchrec_ascend.policies.scored import EpochScoredPolicy, ScoredEvictionPolicy, pack
+from torchrec_ascend.policies.scored import LOW_MAX, EpochScoredPolicy, ScoredEvictionPolicy
 
 
 class LRU(ScoredEvictionPolicy):
@@ -61,15 +61,12 @@ class EpochLRU(EpochScoredPolicy):
 
     def __init__(self, capacity: int, epoch_steps: int = 100) -> None:
         super().__init__(capacity, epoch_steps, "epoch_lru")
-        self.inserted_step = torch.zeros(capacity, dtype=torch.int64)
 
     def reset(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
-        self.inserted_step.index_fill_(0, slots, step)
+        self.packed.index_fill_(0, slots, min(step, LOW_MAX))  # record() sets the epoch
 
     def record(
         self, slots: torch.Tensor, counts: torch.Tensor, step: int, signals: Optional[Dict[str, torch.Tensor]]
     ) -> None:
-        self.last_epoch.index_fill_(0, slots, self.epoch(step))
-
-    def scores(self, step: int) -> torch.Tensor:
-        return pack(self.last_epoch, self.inserted_step)
+        inserted = self.packed.index_select(0, slots).bitwise_and_(LOW_MAX)
+        self.packed.index_copy_(0, slots, inserted.bitwise_or_(self.epoch_bits(step)))

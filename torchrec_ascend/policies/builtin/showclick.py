@@ -68,8 +68,7 @@ class ShowClickEviction(ScoredEvictionPolicy):
         self.last_step = torch.zeros(capacity, dtype=torch.int64)
 
     def reset(self, slots: torch.Tensor, keys: torch.Tensor, step: int) -> None:
-        self.score.index_fill_(0, slots, 0.0)
-        self.last_step.index_fill_(0, slots, step)
+        self.score.index_fill_(0, slots, 0.0)  # decays to 0 whatever its last step: record() stamps that
 
     def _decayed(self, score: torch.Tensor, last: torch.Tensor, step: int) -> torch.Tensor:
         if self.score_decay == 1.0:  # no decay (the default): the scores as they are, no power of each slot
@@ -85,9 +84,9 @@ class ShowClickEviction(ScoredEvictionPolicy):
             old = self._decayed(self.score.index_select(0, slots), self.last_step.index_select(0, slots), step)
             self.score.index_copy_(0, slots, old)
         # The slots are distinct: each index_add_ adds one term per slot, in the formula's order.
-        self.score.index_add_(0, slots, self.alpha * shows)
+        self.score.index_add_(0, slots, shows, alpha=self.alpha)
         if clicks is not None:
-            self.score.index_add_(0, slots, self.beta * clicks)
+            self.score.index_add_(0, slots, clicks, alpha=self.beta)
         self.last_step.index_fill_(0, slots, step)
 
     def scores(self, step: int) -> torch.Tensor:
