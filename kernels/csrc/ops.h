@@ -41,6 +41,7 @@ at::Tensor hash_uniform_init_cpu(const at::Tensor& ids, int64_t seed, int64_t di
 
 // ---- eviction policies (cpu/select_lowest.cpp)
 at::Tensor select_lowest_cpu(const at::Tensor& scores, const at::Tensor& candidates, int64_t num);
+at::Tensor take_slots_cpu(const at::Tensor& free, const at::Tensor& slots);  // (cpu/take_slots.cpp)
 
 // ---- KEY_VALUE key indexes (cpu/key_index.cpp, cpu/open_table.h): partitioned open-addressing buckets owned by
 // torchrec_ascend/kernels/key_value/key_index.py. The insert ops return an int64 scalar: -1, or the partition that would

@@ -55,6 +55,7 @@ __all__ = [
     "key_index_upsert",
     "read_records",
     "select_lowest",
+    "take_slots",
 ]
 
 _ops = torch.ops.torchrec_ascend
@@ -540,6 +541,32 @@ def select_lowest(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> t
     return _ops.select_lowest(scores, candidates, num)
 
 
+def take_slots(free: torch.Tensor, slots: torch.Tensor) -> bool:
+    """Clear ``free[s]`` for each of ``slots`` in turn; whether each was in ``[0, len(free))`` and still set.
+
+    True iff ``slots`` are distinct and were all set in ``free``. It stops at the first slot that was not (the slots
+    before it are cleared then): pass a scratch mask.
+
+    Args:
+        free (Tensor): bool ``[n]``, contiguous, mutated.
+        slots (Tensor): int64 ``[k]``.
+
+    Returns:
+        bool: whether every slot was taken.
+
+    Raises:
+        ValueError: ``free`` or ``slots`` is not 1-D (or ``free`` not contiguous).
+        TypeError: ``free`` is not bool or ``slots`` not int64.
+
+    Example::
+
+        >>> free = torch.tensor([True, True, False])
+        >>> take_slots(free, torch.tensor([1, 0])), take_slots(free.clone(), torch.tensor([2]))
+        (True, False)
+    """
+    return bool(_ops.take_slots(free, slots))
+
+
 def read_records(fds: torch.Tensor, offsets: torch.Tensor, record_bytes: int, out: torch.Tensor) -> torch.Tensor:
     """Copy record ``i`` (``record_bytes`` bytes at ``offsets[i] * record_bytes`` of the open file descriptor
     ``fds[i]``) into row ``i`` of ``out``, announcing every record to the kernel first so that their disk reads run
@@ -706,6 +733,11 @@ def _fingerprint_find_fake(
 @torch.library.register_fake("torchrec_ascend::select_lowest")
 def _select_lowest_fake(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> torch.Tensor:
     return scores.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)
+
+
+@torch.library.register_fake("torchrec_ascend::take_slots")
+def _take_slots_fake(free: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    return free.new_empty(())
 
 
 @torch.library.register_fake("torchrec_ascend::read_records")

@@ -32,6 +32,7 @@ __all__ = [
     "hash_unique",
     "mix64",
     "select_lowest",
+    "take_slots",
 ]
 
 
@@ -214,6 +215,23 @@ def select_lowest(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> t
     positions = [i for i, flag in enumerate(candidates.tolist()) if flag]
     ranked = sorted(positions, key=lambda i: (values[i] != values[i], values[i] if values[i] == values[i] else 0, i))
     return torch.tensor(ranked[:num], dtype=torch.int64)
+
+
+def take_slots(free: torch.Tensor, slots: torch.Tensor) -> bool:
+    """Reference of :func:`torchrec_ascend.native.ops.take_slots`, on Python lists.
+
+    Example::
+
+        take_slots(torch.tensor([True, True]), torch.tensor([1, 1]))  # False: slot 1 twice
+    """
+    flags = free.tolist()
+    for s in slots.tolist():
+        if not 0 <= s < len(flags) or not flags[s]:
+            free.copy_(torch.tensor(flags, dtype=torch.bool))
+            return False
+        flags[s] = False
+    free.copy_(torch.tensor(flags, dtype=torch.bool))
+    return True
 
 
 class IdMapReference:

@@ -9,7 +9,7 @@ The cache or table owner only ever holds a wrapped policy (the registry returns 
 * tracks residency itself from ``on_insert``/``on_remove``, which is what "resident" is checked against, and
   updates it only after the policy accepted the call.
 
-Costs a few vectorized ops per call (a sort of the victims, boolean gathers), no per-ID work.
+Costs a few vectorized ops per call and one native pass over the victims, no per-ID Python work.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class CheckedEvictionPolicy(_Checked, EvictionPolicy):
                 f"fit: raise the cache capacity or lower the batch size or pipeline depth."
             )
         victims = self._calls["select_victims"](num, evictable, step)
-        if not victims_ok(victims, num, self.capacity, allowed, available):
+        if not victims_ok(victims, num, self.capacity, allowed):
             problem = victims_problem(victims, num, self.capacity, self.resident, evictable)
             raise self._malformed(f"select_victims(num={num})", str(problem))
         return victims

@@ -81,38 +81,32 @@ def victims_problem(
     return None
 
 
-def victims_ok(victims: Any, num: int, capacity: int, allowed: torch.Tensor, num_allowed: int) -> bool:
-    """Whether :func:`victims_problem` finds nothing, in a few ops (the checked wrapper asks on every eviction;
-    :func:`victims_problem` then says what is wrong). Clears the victims from ``allowed``: pass a scratch mask.
+def victims_ok(victims: Any, num: int, capacity: int, allowed: torch.Tensor) -> bool:
+    """Whether :func:`victims_problem` finds nothing, in one pass over the victims (the checked wrapper asks on every
+    eviction; :func:`victims_problem` then says what is wrong). Clears the victims from ``allowed``: pass a scratch
+    mask.
 
     Args:
         victims: what the policy returned.
         num (int): how many victims were asked for.
         capacity (int): number of slots of the pool.
         allowed (torch.Tensor): ``[capacity]`` bool, resident and evictable; overwritten.
-        num_allowed (int): how many slots ``allowed`` holds.
 
     Returns:
         bool: True iff ``victims`` is an int64 1-D tensor of exactly ``num`` distinct allowed slots.
 
     Example::
 
-        allowed = resident & evictable
-        assert victims_ok(victims, num, capacity, allowed, int(allowed.count_nonzero()))
+        assert victims_ok(victims, num, capacity, resident & evictable)
     """
     if not isinstance(victims, torch.Tensor) or victims.dtype != torch.int64 or victims.dim() != 1:
         return False
-    if victims.numel() != num or not num:
-        return victims.numel() == num
-    if int(victims.min()) < 0:  # index_fill_ would count from the end
+    if victims.numel() != num or allowed.numel() != capacity:
         return False
-    try:
-        allowed.index_fill_(0, victims, False)
-    except IndexError:  # a slot >= capacity
-        return False
-    # Clearing the victims removes exactly one slot per victim iff they are distinct and all allowed: one scatter
-    # and one count instead of a bincount and two gathers.
-    return num_allowed - int(allowed.count_nonzero()) == num
+    # Imported here: policies load (plugin discovery at `import torchrec`) even where the native library does not.
+    from torchrec_ascend.native import ops
+
+    return ops.take_slots(allowed, victims)
 
 
 def admission_problem(mask: Any, keys: torch.Tensor) -> Optional[str]:
