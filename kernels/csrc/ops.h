@@ -41,6 +41,8 @@ at::Tensor hash_uniform_init_cpu(const at::Tensor& ids, int64_t seed, int64_t di
 
 // ---- eviction policies (cpu/select_lowest.cpp)
 at::Tensor select_lowest_cpu(const at::Tensor& scores, const at::Tensor& candidates, int64_t num);
+at::Tensor select_lowest_packed_cpu(
+    const at::Tensor& high, const at::Tensor& low, const at::Tensor& candidates, int64_t num);
 at::Tensor take_slots_cpu(const at::Tensor& free, const at::Tensor& slots);  // (cpu/take_slots.cpp)
 
 // ---- KEY_VALUE key indexes (cpu/key_index.cpp, cpu/open_table.h): partitioned open-addressing buckets owned by

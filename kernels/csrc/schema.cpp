@@ -58,6 +58,9 @@ TORCH_LIBRARY(torchrec_ascend, m) {
   // Eviction policies: positions of the `num` candidates with the lowest scores (int64 or float64), ties to the
   // lowest positions.
   m.def("select_lowest(Tensor scores, Tensor candidates, int num) -> Tensor");
+  // The same on the scores (high, low) pack into (high saturated into [0, 2**31 - 1], low into [0, 2**32 - 1], as
+  // the policies pack them), without building them.
+  m.def("select_lowest_packed(Tensor high, Tensor low, Tensor candidates, int num) -> Tensor");
   // Clears free[s] for each of `slots` in turn; a bool scalar: whether each was in range and still set (distinct,
   // all free). Stops at the first that was not.
   m.def("take_slots(Tensor(a!) free, Tensor slots) -> Tensor");

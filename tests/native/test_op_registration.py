@@ -58,6 +58,8 @@ SCHEMAS = {
     "hash_uniform_init": "torchrec_ascend::hash_uniform_init(Tensor ids, int seed, int dim, float low, float high) "
     "-> Tensor",
     "select_lowest": "torchrec_ascend::select_lowest(Tensor scores, Tensor candidates, int num) -> Tensor",
+    "select_lowest_packed": "torchrec_ascend::select_lowest_packed(Tensor high, Tensor low, Tensor candidates, "
+    "int num) -> Tensor",
     "take_slots": "torchrec_ascend::take_slots(Tensor(a!) free, Tensor slots) -> Tensor",
 }
 
@@ -140,6 +142,8 @@ def opcheck_cases(records_fd):
         "hash_uniform_init": (ids, 7, 4, -1.0, 1.0),
         "select_lowest": (torch.tensor([3.0, -1.0, 2.0, 0.5], dtype=torch.float64),
                           torch.tensor([True, True, False, True]), 2),
+        "select_lowest_packed": (torch.tensor([1, 0, -3, 2**40]), torch.tensor([0, 5, 2, 7]),
+                                 torch.tensor([True, True, False, True]), 2),
         "take_slots": (torch.tensor([True, True, False, True]), torch.tensor([3, 0])),
     }
 

@@ -51,6 +51,29 @@ def test_select_lowest_is_the_first_candidates_of_a_stable_sort(problem: tuple) 
     assert sorted(got.tolist()) == sorted(reference.select_lowest(scores, candidates, num).tolist())
 
 
+KEYS = st.one_of(st.integers(-3, 8), st.integers(-(2**63), 2**63 - 1), st.sampled_from([2**31 - 1, 2**31, 2**32 - 1,
+                                                                                       2**32, -(2**63)]))
+
+
+@st.composite
+def packed_problems(draw: st.DrawFn) -> tuple:
+    size = draw(st.integers(0, 200))
+    keys = st.lists(KEYS, min_size=size, max_size=size)
+    flags = draw(st.lists(st.booleans(), min_size=size, max_size=size))
+    num = draw(st.one_of(st.integers(0, max(0, sum(flags) - 1)), st.integers(0, size + 2)))
+    high, low = (torch.tensor(draw(keys), dtype=torch.int64) for _ in range(2))
+    return high, low, torch.tensor(flags, dtype=torch.bool), num
+
+
+@settings(max_examples=300, deadline=None)
+@given(packed_problems())
+def test_select_lowest_packed_ranks_the_saturated_pairs(problem: tuple) -> None:
+    """Keys past the saturation bounds (and negative ones) tie with the bound, as the policies' pack() has them."""
+    high, low, candidates, num = problem
+    got = ops.select_lowest_packed(high, low, candidates, num)
+    assert sorted(got.tolist()) == sorted(reference.select_lowest_packed(high, low, candidates, num).tolist())
+
+
 def test_select_lowest_on_a_cache_sized_mask_with_many_ties() -> None:
     """5,000 slots over 7 step values (an LRU cache's last-use steps): the ties go to the lowest slots."""
     generator = torch.Generator().manual_seed(0)
@@ -72,3 +95,19 @@ def test_select_lowest_on_a_cache_sized_mask_with_many_ties() -> None:
 def test_select_lowest_names_the_rule_broken(args: tuple, error: type, message: str) -> None:
     with pytest.raises(error, match=message):
         ops.select_lowest(*args)
+
+
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        ((torch.zeros(3, dtype=torch.int32), torch.zeros(3), torch.ones(3, dtype=torch.bool), 1), TypeError, "int64"),
+        ((torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), torch.ones(3), 1), TypeError, "bool"),
+        ((torch.zeros(3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), torch.ones(3, dtype=torch.bool), 1),
+         ValueError, "one length"),
+        ((torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), torch.ones(3, dtype=torch.bool), -1),
+         ValueError, "`num` must be >= 0"),
+    ],
+)
+def test_select_lowest_packed_names_the_rule_broken(args: tuple, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        ops.select_lowest_packed(*args)

@@ -55,6 +55,7 @@ __all__ = [
     "key_index_upsert",
     "read_records",
     "select_lowest",
+    "select_lowest_packed",
     "take_slots",
 ]
 
@@ -541,6 +542,31 @@ def select_lowest(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> t
     return _ops.select_lowest(scores, candidates, num)
 
 
+def select_lowest_packed(high: torch.Tensor, low: torch.Tensor, candidates: torch.Tensor, num: int) -> torch.Tensor:
+    """:func:`select_lowest` of the scores ``high << 32 | low`` with ``high`` saturated into ``[0, 2**31 - 1]`` and
+    ``low`` into ``[0, 2**32 - 1]`` (how the eviction policies pack two keys into one score), without building them.
+
+    Args:
+        high (Tensor): int64 ``[n]``, the first key.
+        low (Tensor): int64 ``[n]``, the tie-break.
+        candidates (Tensor): bool ``[n]``, the positions that may be chosen.
+        num (int): how many to choose, >= 0.
+
+    Returns:
+        Tensor: int64 ``[min(num, candidates.sum())]`` distinct candidate positions, in no particular order.
+
+    Raises:
+        ValueError: shapes differ or are not 1-D, or ``num < 0``.
+        TypeError: ``high`` or ``low`` is not int64, or ``candidates`` is not bool.
+
+    Example::
+
+        >>> select_lowest_packed(torch.tensor([1, 0, 0]), torch.tensor([0, 5, 2]), torch.tensor([True, True, False]), 1)
+        tensor([1])
+    """
+    return _ops.select_lowest_packed(high, low, candidates, num)
+
+
 def take_slots(free: torch.Tensor, slots: torch.Tensor) -> bool:
     """Clear ``free[s]`` for each of ``slots`` in turn; whether each was in ``[0, len(free))`` and still set.
 
@@ -733,6 +759,13 @@ def _fingerprint_find_fake(
 @torch.library.register_fake("torchrec_ascend::select_lowest")
 def _select_lowest_fake(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> torch.Tensor:
     return scores.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)
+
+
+@torch.library.register_fake("torchrec_ascend::select_lowest_packed")
+def _select_lowest_packed_fake(
+    high: torch.Tensor, low: torch.Tensor, candidates: torch.Tensor, num: int
+) -> torch.Tensor:
+    return high.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)
 
 
 @torch.library.register_fake("torchrec_ascend::take_slots")

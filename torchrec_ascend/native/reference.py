@@ -32,6 +32,7 @@ __all__ = [
     "hash_unique",
     "mix64",
     "select_lowest",
+    "select_lowest_packed",
     "take_slots",
 ]
 
@@ -215,6 +216,22 @@ def select_lowest(scores: torch.Tensor, candidates: torch.Tensor, num: int) -> t
     positions = [i for i, flag in enumerate(candidates.tolist()) if flag]
     ranked = sorted(positions, key=lambda i: (values[i] != values[i], values[i] if values[i] == values[i] else 0, i))
     return torch.tensor(ranked[:num], dtype=torch.int64)
+
+
+def select_lowest_packed(high: torch.Tensor, low: torch.Tensor, candidates: torch.Tensor, num: int) -> torch.Tensor:
+    """Reference of :func:`torchrec_ascend.native.ops.select_lowest_packed`: the first ``num`` candidates sorted by
+    (saturated high, saturated low, position).
+
+    Example::
+
+        select_lowest_packed(torch.tensor([1, 0]), torch.tensor([0, 5]), torch.tensor([True, True]), 1)  # [1]
+    """
+    def saturated(values: List[int], most: int) -> List[int]:
+        return [min(max(v, 0), most) for v in values]
+
+    key = list(zip(saturated(high.tolist(), 2**31 - 1), saturated(low.tolist(), 2**32 - 1)))
+    positions = [i for i, flag in enumerate(candidates.tolist()) if flag]
+    return torch.tensor(sorted(positions, key=lambda i: (key[i], i))[:num], dtype=torch.int64)
 
 
 def take_slots(free: torch.Tensor, slots: torch.Tensor) -> bool:

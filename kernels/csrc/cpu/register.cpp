@@ -22,5 +22,6 @@ TORCH_LIBRARY_IMPL(torchrec_ascend, CPU, m) {
   m.impl("hash_bucketize", &torchrec_ascend::hash_bucketize_cpu);
   m.impl("hash_uniform_init", &torchrec_ascend::hash_uniform_init_cpu);
   m.impl("select_lowest", &torchrec_ascend::select_lowest_cpu);
+  m.impl("select_lowest_packed", &torchrec_ascend::select_lowest_packed_cpu);
   m.impl("take_slots", &torchrec_ascend::take_slots_cpu);
 }

@@ -1,4 +1,5 @@
-// CPU kernel of select_lowest: the positions of the `num` candidates with the lowest scores, by radix selection.
+// CPU kernels of select_lowest and select_lowest_packed: the positions of the `num` candidates with the lowest scores,
+// by radix selection.
 // The eviction policies choose their victims with it every KEY_VALUE step; torch.topk's comparison-based selection
 // of (value, index) pairs costs several times more on these few-thousand-slot masks.
 #include <ATen/ops/empty.h>
@@ -45,15 +46,24 @@ struct Active {
   uint64_t all_bits = ~uint64_t{0};
 };
 
+// The order key of the policies' packed score (high, low) (torchrec_ascend.policies.scored.pack): high saturated
+// into [0, 2**31 - 1], low into [0, 2**32 - 1].
+inline uint64_t packed_key(int64_t high, int64_t low) {
+  constexpr int64_t kLowBits = 32;
+  const int64_t h = std::clamp<int64_t>(high, 0, (int64_t{1} << (63 - kLowBits)) - 1);
+  const int64_t l = std::clamp<int64_t>(low, 0, (int64_t{1} << kLowBits) - 1);
+  return order_key((h << kLowBits) | l);
+}
+
 // Every loop below is branch-free: each slot is written, and the count advances only where it is taken. Which slots
 // are taken is close to random, so branches would mispredict on a large share of them.
-template <typename T>
-Active gather(const T* scores, const bool* candidates, int64_t n) {
+template <typename KeyOf>
+Active gather(KeyOf key_of, const bool* candidates, int64_t n) {
   Active a;
   a.keys.reset(new uint64_t[static_cast<size_t>(n)]);
   a.positions.reset(new int64_t[static_cast<size_t>(n)]);
   for (int64_t i = 0; i < n; ++i) {
-    const uint64_t key = order_key(scores[i]);
+    const uint64_t key = key_of(i);
     const bool take = candidates[i];
     a.keys[a.size] = key;
     a.positions[a.size] = i;
@@ -111,6 +121,12 @@ int64_t select(Active& a, int64_t want, int64_t* out) {
   return chosen;
 }
 
+at::Tensor chosen_positions(Active& active, int64_t num, const at::TensorOptions& options) {
+  at::Tensor out = at::empty({active.size + 1}, options.dtype(at::kLong));
+  const int64_t chosen = select(active, std::min(num, active.size), out.data_ptr<int64_t>());
+  return out.narrow(0, 0, chosen);
+}
+
 }  // namespace
 
 at::Tensor select_lowest_cpu(const at::Tensor& scores_arg, const at::Tensor& candidates_arg, int64_t num) {
@@ -131,11 +147,38 @@ at::Tensor select_lowest_cpu(const at::Tensor& scores_arg, const at::Tensor& can
   const at::Tensor candidates = candidates_arg.contiguous();
   const int64_t n = scores.numel();
   const bool* flags = candidates.data_ptr<bool>();
-  Active active = scores.scalar_type() == at::kLong ? gather(scores.data_ptr<int64_t>(), flags, n)
-                                                     : gather(scores.data_ptr<double>(), flags, n);
-  at::Tensor out = at::empty({active.size + 1}, scores.options().dtype(at::kLong));
-  const int64_t chosen = select(active, std::min(num, active.size), out.data_ptr<int64_t>());
-  return out.narrow(0, 0, chosen);
+  Active active;
+  if (scores.scalar_type() == at::kLong) {
+    const int64_t* s = scores.data_ptr<int64_t>();
+    active = gather([s](int64_t i) { return order_key(s[i]); }, flags, n);
+  } else {
+    const double* s = scores.data_ptr<double>();
+    active = gather([s](int64_t i) { return order_key(s[i]); }, flags, n);
+  }
+  return chosen_positions(active, num, scores.options());
+}
+
+at::Tensor select_lowest_packed_cpu(
+    const at::Tensor& high_arg, const at::Tensor& low_arg, const at::Tensor& candidates_arg, int64_t num) {
+  constexpr const char* op = "select_lowest_packed";
+  check_1d_int64(high_arg, op, "high");
+  check_1d_int64(low_arg, op, "low");
+  TORCH_CHECK_VALUE(
+      high_arg.numel() == low_arg.numel() && candidates_arg.dim() == 1 && candidates_arg.numel() == high_arg.numel(),
+      op, ": `high`, `low` and `candidates` must be 1-D tensors of one length, got shapes ", high_arg.sizes(), ", ",
+      low_arg.sizes(), " and ", candidates_arg.sizes(), "; pass one of each per slot.");
+  TORCH_CHECK_TYPE(
+      candidates_arg.scalar_type() == at::kBool, op, ": `candidates` must be bool, got ", candidates_arg.scalar_type(),
+      ".");
+  TORCH_CHECK_VALUE(num >= 0, op, ": `num` must be >= 0, got ", num, ".");
+  const at::Tensor high = high_arg.contiguous();
+  const at::Tensor low = low_arg.contiguous();
+  const at::Tensor candidates = candidates_arg.contiguous();
+  const int64_t* h = high.data_ptr<int64_t>();
+  const int64_t* l = low.data_ptr<int64_t>();
+  Active active = gather([h, l](int64_t i) { return packed_key(h[i], l[i]); }, candidates.data_ptr<bool>(),
+                         high.numel());
+  return chosen_positions(active, num, high.options());
 }
 
 }  // namespace torchrec_ascend

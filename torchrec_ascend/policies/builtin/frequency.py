@@ -8,7 +8,7 @@ import torch
 
 from torchrec_ascend.policies.key_table import BoundedKeyScores
 from torchrec_ascend.policies.options import non_negative_int
-from torchrec_ascend.policies.scored import LOW_MAX, EpochScoredPolicy, ScoredEvictionPolicy, pack
+from torchrec_ascend.policies.scored import LOW_MAX, EpochScoredPolicy, ScoredEvictionPolicy, lowest_packed, pack
 
 
 class LFU(ScoredEvictionPolicy):
@@ -59,6 +59,9 @@ class LFU(ScoredEvictionPolicy):
 
     def scores(self, step: int) -> torch.Tensor:
         return pack(self.count, self.last_step)
+
+    def select_victims(self, num: int, evictable: torch.Tensor, step: int) -> torch.Tensor:
+        return lowest_packed(self.count, self.last_step, self.resident & evictable, num)  # the scores, unbuilt
 
     def on_remove(self, slots: torch.Tensor) -> None:
         if self.remembered is not None:
