@@ -202,6 +202,29 @@ def test_in_place_copy_writes_through_to_the_tiers(disk: str) -> None:
     assert torch.equal(out, weights)
 
 
+@settings(max_examples=8, deadline=None)
+@given(cuts=st.lists(st.integers(1, DIM - 1), unique=True, max_size=3).map(sorted), data=st.data())
+def test_column_pieces_copied_in_any_order_write_through(cuts: List[int], data: st.DataObject) -> None:
+    # A checkpoint saved column-wise reaches a row-wise KEY_VALUE shard as column pieces of its windows (DCP narrows
+    # them): each piece lands in its columns, the others stay as the pieces before wrote them.
+    bounds = [0, *cuts, DIM]
+    pieces = data.draw(st.permutations(list(zip(bounds, bounds[1:]))))
+    weights = torch.randn(ROWS, DIM)
+    with tempfile.TemporaryDirectory() as disk:
+        dmp = model(disk)
+        train(dmp, range(5))
+        for shard in dmp.state_dict()["embedding_bags.plain.weight"].local_shards():
+            rows = slice(shard.metadata.shard_offsets[0], shard.metadata.shard_offsets[0] + shard.tensor.shape[0])
+            for first, end in pieces:
+                shard.tensor.narrow(1, first, end - first).copy_(weights[rows, first:end])
+        dmp.eval()
+        with torch.no_grad():
+            lengths = torch.cat([torch.zeros(ROWS), torch.ones(ROWS)]).long()
+            kjt = KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=torch.arange(ROWS), lengths=lengths)
+            out = dmp(kjt).values()[:, DIM:]
+    assert torch.equal(out, weights)
+
+
 def test_a_partial_load_is_refused_and_leaves_the_table_as_it_was(disk: str) -> None:
     dmp = model(disk)
     train(dmp, range(10))

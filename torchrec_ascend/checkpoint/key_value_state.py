@@ -52,7 +52,7 @@ from torchrec_ascend.checkpoint.restore import trial_slot_restore
 from torchrec_ascend.checkpoint.row_window import RowWindow
 from torchrec_ascend.checkpoint.sharded import column_offsets, id_metadata, rank_of, window_rows, windowed
 from torchrec_ascend.checkpoint.stock import refuse_rows_without_ids
-from torchrec_ascend.errors import CapacityError, ConfigError
+from torchrec_ascend.errors import CapacityError, ConfigError, StorageError
 from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
 from torchrec_ascend.kernels.shard_checkpoint import ShardRows
 from torchrec_ascend.kernels.walk import sharded_kernels
@@ -149,15 +149,12 @@ class TableView:
         if row0 < 0 or row0 + rows > self.rows:
             raise ConfigError(f"KEY_VALUE table {self.name!r}: rows {row0}-{row0 + rows - 1} are outside the shard")
         if self._staging is None:
-            self._staging = _Staging(self.kernel.storage_directory(self.t), self.rows, self.width, len(self._columns))
+            self._staging = _Staging(self.kernel.storage_directory(self.t), self.rows, self._columns)
         staging = self._staging
         if part == IDS:
             staging.ids[row0:row0 + rows] = values.reshape(rows).long()
         else:
-            records = staging.read(row0, rows)
-            start = self._columns[part][0] + col0
-            records[:, start:start + values[0].numel()] = values.reshape(rows, -1).float()
-            staging.write(row0, records)
+            staging.write(part, row0, col0, values.reshape(rows, -1).float().numpy())
         staging.written[part] += values.numel()
         if all(staging.written[p] == self._size(p) for p in self.parts()) and not awaited(self.kernel, self.t):
             self.settle()  # everything is in (a whole DCP load of model and optimizer): apply it now
@@ -424,25 +421,55 @@ class _InOrder:
 
 class _Staging:
     """A load's packed records by row, in an unlinked temporary file (no page of it counts as the process's memory),
-    and its IDs (hash tables) in memory, until the load is applied."""
+    and its IDs (hash tables) in memory, until the load is applied. Each part's columns have a region of the file to
+    themselves, so a window of a part is one write (DCP hands in whole rows of a part), not a read of the records
+    it lands in and a write back.
 
-    def __init__(self, directory: Optional[str], rows: int, width: int, parts: int) -> None:
+    Args:
+        directory: where the file lives (the table's storage; None: the system's temporary directory).
+        rows: rows of the shard.
+        columns: per part, its first column in a packed record and its width (:class:`TableView`'s; IDS aside).
+    """
+
+    def __init__(self, directory: Optional[str], rows: int, columns: List[Tuple[int, int]]) -> None:
         if directory:
             os.makedirs(directory, exist_ok=True)
         fd, path = tempfile.mkstemp(prefix="torchrec-ascend-load-", dir=directory)
         os.unlink(path)
-        self._fd, self._row_bytes = fd, 4 * width
-        self._width = width
-        os.ftruncate(fd, rows * self._row_bytes)
+        self._fd, self._columns = fd, columns
+        self._parts = [p for p in range(len(columns)) if p != IDS]
+        self._width = sum(columns[p][1] for p in self._parts)
+        offsets = np.cumsum([0] + [4 * rows * columns[p][1] for p in self._parts])
+        self._region = dict(zip(self._parts, offsets.tolist()))  # where each part's rows start
+        os.ftruncate(fd, int(offsets[-1]))  # unwritten rows read as zeros
         self.ids = torch.full((rows,), -1, dtype=torch.int64)
-        self.written = [0] * parts
+        self.written = [0] * len(columns)
+
+    def _read_part(self, part: int, row0: int, rows: int) -> np.ndarray:
+        width = self._columns[part][1]
+        out = np.empty((rows, width), dtype=np.float32)
+        if os.preadv(self._fd, [out.data], self._region[part] + 4 * row0 * width) != out.nbytes:
+            raise StorageError(f"the staging file of a load ended before rows {row0}-{row0 + rows - 1}")
+        return out
+
+    def write(self, part: int, row0: int, col0: int, values: np.ndarray) -> None:
+        """``values`` ``[rows, n]`` into columns ``col0 ...`` of ``part`` (a record's columns of that part)."""
+        rows, width = values.shape[0], self._columns[part][1]
+        if (col0, values.shape[1]) != (0, width):  # a column-wise piece: the rest of its rows stays as written
+            block = self._read_part(part, row0, rows)
+            block[:, col0:col0 + values.shape[1]] = values
+            values = block
+        data = np.ascontiguousarray(values)
+        if os.pwrite(self._fd, data.data, self._region[part] + 4 * row0 * width) != data.nbytes:
+            raise StorageError(f"the staging file of a load took part of rows {row0}-{row0 + rows - 1}: disk full?")
 
     def read(self, row0: int, rows: int) -> np.ndarray:
-        data = os.pread(self._fd, rows * self._row_bytes, row0 * self._row_bytes)
-        return np.frombuffer(bytearray(data), dtype=np.float32).reshape(rows, self._width)
-
-    def write(self, row0: int, records: np.ndarray) -> None:
-        os.pwrite(self._fd, np.ascontiguousarray(records, dtype=np.float32).tobytes(), row0 * self._row_bytes)
+        """Records ``[rows, width]`` of rows ``row0 ...``, each part's columns in their place."""
+        records = np.empty((rows, self._width), dtype=np.float32)
+        for part in self._parts:
+            col0, width = self._columns[part]
+            records[:, col0:col0 + width] = self._read_part(part, row0, rows)
+        return records
 
     def close(self) -> None:
         os.close(self._fd)
