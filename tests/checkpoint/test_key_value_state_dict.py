@@ -8,7 +8,7 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
-from typing import Iterator, List, Type
+from typing import Iterator, List, Tuple, Type
 
 import pytest
 import torch
@@ -186,20 +186,32 @@ def test_state_dict_entries_are_table_sized_windows(disk: str) -> None:
     assert held.numel() == torch.unique(held).numel() > 0, "every ID once"
 
 
+def copy_into_plain_weights(dmp: DistributedModelParallel, weights: torch.Tensor,
+                            columns: List[Tuple[int, int]]) -> None:
+    """Copies ``weights`` into the plain table's state_dict windows in place, one ``(first, end)`` column piece
+    after another, as TorchRec's test harness and DCP's load write them."""
+    for shard in dmp.state_dict()["embedding_bags.plain.weight"].local_shards():
+        rows = slice(shard.metadata.shard_offsets[0], shard.metadata.shard_offsets[0] + shard.tensor.shape[0])
+        for first, end in columns:
+            shard.tensor.narrow(1, first, end - first).copy_(weights[rows, first:end])
+
+
+def plain_rows(dmp: DistributedModelParallel) -> torch.Tensor:
+    """Every row of the plain table, looked up in eval (from whichever tier holds it)."""
+    dmp.eval()
+    with torch.no_grad():
+        lengths = torch.cat([torch.zeros(ROWS), torch.ones(ROWS)]).long()
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=torch.arange(ROWS), lengths=lengths)
+        return dmp(kjt).values()[:, DIM:]
+
+
 def test_in_place_copy_writes_through_to_the_tiers(disk: str) -> None:
     # TorchRec's test harness sets a sharded model's weights by copy_ into its state_dict tensors.
     dmp = model(disk)
     train(dmp, range(5))
     weights = torch.randn(ROWS, DIM)
-    for shard in dmp.state_dict()["embedding_bags.plain.weight"].local_shards():
-        rows = slice(shard.metadata.shard_offsets[0], shard.metadata.shard_offsets[0] + shard.tensor.shape[0])
-        shard.tensor.copy_(weights[rows])
-    dmp.eval()
-    with torch.no_grad():
-        lengths = torch.cat([torch.zeros(ROWS), torch.ones(ROWS)]).long()
-        kjt = KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=torch.arange(ROWS), lengths=lengths)
-        out = dmp(kjt).values()[:, DIM:]
-    assert torch.equal(out, weights)
+    copy_into_plain_weights(dmp, weights, [(0, DIM)])
+    assert torch.equal(plain_rows(dmp), weights)
 
 
 @settings(max_examples=8, deadline=None)
@@ -213,16 +225,8 @@ def test_column_pieces_copied_in_any_order_write_through(cuts: List[int], data: 
     with tempfile.TemporaryDirectory() as disk:
         dmp = model(disk)
         train(dmp, range(5))
-        for shard in dmp.state_dict()["embedding_bags.plain.weight"].local_shards():
-            rows = slice(shard.metadata.shard_offsets[0], shard.metadata.shard_offsets[0] + shard.tensor.shape[0])
-            for first, end in pieces:
-                shard.tensor.narrow(1, first, end - first).copy_(weights[rows, first:end])
-        dmp.eval()
-        with torch.no_grad():
-            lengths = torch.cat([torch.zeros(ROWS), torch.ones(ROWS)]).long()
-            kjt = KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=torch.arange(ROWS), lengths=lengths)
-            out = dmp(kjt).values()[:, DIM:]
-    assert torch.equal(out, weights)
+        copy_into_plain_weights(dmp, weights, pieces)
+        assert torch.equal(plain_rows(dmp), weights)
 
 
 def test_a_partial_load_is_refused_and_leaves_the_table_as_it_was(disk: str) -> None:
