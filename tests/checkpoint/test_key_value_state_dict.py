@@ -30,6 +30,7 @@ from torchrec_ascend.checkpoint.key_value_state import TableView
 from torchrec_ascend.checkpoint.sharded import WINDOW_BYTES
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.key_value import cache_metrics
+from torchrec_ascend.native import memory
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")
 ROWS, DIM = 256, 8
@@ -169,6 +170,20 @@ def test_windows_read_across_a_batch_hold_their_ids_rows(disk: str, monkeypatch:
         kjt = KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=ids[held], lengths=lengths)
         expected = dmp(kjt).values()[:, :DIM]
     assert torch.equal(got[held], expected)
+
+
+def test_a_save_of_a_full_table_leaves_no_buffer_resident(disk: str) -> None:
+    # A pass over the tiers reads each block into buffers freed before, kept while the pass is open; the window that
+    # ends a full table's shard takes the pass's last block without running it to its end, so it must close it.
+    dmp = model(disk)
+    for first in range(0, ROWS, 8):  # as many IDs as the table's rows, 8 a batch: every row of its shard holds one
+        values = torch.cat([torch.arange(first, first + 8) * 1_000_003 + 2**40, torch.arange(first, first + 8)])
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=values,
+                                                  lengths=torch.ones(16, dtype=torch.long))
+        dmp(kjt).values().sum().backward()
+    assert cache_metrics(dmp)["user"]["disk_rows"] > 0, "the pass must read blocks from below the cache"
+    dcp.save(both(dmp), checkpoint_id=f"{disk}/ckpt")
+    assert memory._reusers == 0 and memory._kept == {}
 
 
 def test_state_dict_entries_are_table_sized_windows(disk: str) -> None:

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Generator, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -86,7 +86,7 @@ class TableView:
         self._step = window_rows(widest + sum(widest if shape else 1 for shape in self.info.state_shapes))
         self._ids: Optional[torch.Tensor] = None
         self._in_order: Optional[_InOrder] = _InOrder(lambda: kernel.checkpoint.held_records(t, self._step),
-                                                      self.width)
+                                                      self.width, self.rows)
         self._staging: Optional[_Staging] = None
         self._handed_out: set = set()  # the parts whose windows a state_dict() call took: a load into them fills all
         self.applied = False  # a load into this view reached the table
@@ -382,11 +382,13 @@ class _InOrder:
     Args:
         blocks: starts a pass, ``(keys, records)`` blocks in the enumeration's order (``held_records``).
         width: floats per record.
+        rows: the shard's rows: a window ending there ends the pass.
     """
 
-    def __init__(self, blocks: Callable[[], Iterator[Tuple[torch.Tensor, torch.Tensor]]], width: int) -> None:
-        self._blocks, self._width = blocks, width
-        self._pass: Optional[Iterator[Tuple[torch.Tensor, torch.Tensor]]] = None
+    def __init__(self, blocks: Callable[[], Generator[Tuple[torch.Tensor, torch.Tensor], None, None]], width: int,
+                 rows: int) -> None:
+        self._blocks, self._width, self._rows = blocks, width, rows
+        self._pass: Optional[Generator[Tuple[torch.Tensor, torch.Tensor], None, None]] = None
         self._start = 0  # the row of the first record buffered
         self._buffered: List[Tuple[torch.Tensor, torch.Tensor]] = []
 
@@ -414,6 +416,9 @@ class _InOrder:
             pieces.append((block_keys[rows], block_records[rows]))
             first -= block_keys.numel()
         held = torch.cat([_EMPTY, *(k for k, _ in pieces)])
+        if end >= self._rows:  # the last window: close the pass, whose buffers it reuses would stay resident
+            self._pass.close()
+            self._pass, self._start, self._buffered = None, 0, []
         if not torch.equal(held, keys[:held.numel()]) or bool((keys[held.numel():] >= 0).any()):
             return None
         return torch.cat([*(r for _, r in pieces), torch.zeros(keys.numel() - held.numel(), self._width)])

