@@ -10,6 +10,7 @@ import os
 import tempfile
 from typing import Iterator, List, Tuple, Type
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -26,11 +27,12 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_ascend import HashEmbeddingBagConfig, get_default_hybrid_sharders
 from torchrec_ascend.checkpoint import sharded
-from torchrec_ascend.checkpoint.key_value_state import TableView
+from torchrec_ascend.checkpoint.key_value_state import TableView, _InOrder
 from torchrec_ascend.checkpoint.sharded import WINDOW_BYTES
 from torchrec_ascend.errors import ConfigError
 from torchrec_ascend.kernels.key_value import cache_metrics
 from torchrec_ascend.native import memory
+from torchrec_ascend.native.memory import plain_empty
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")
 ROWS, DIM = 256, 8
@@ -170,20 +172,6 @@ def test_windows_read_across_a_batch_hold_their_ids_rows(disk: str, monkeypatch:
         kjt = KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=ids[held], lengths=lengths)
         expected = dmp(kjt).values()[:, :DIM]
     assert torch.equal(got[held], expected)
-
-
-def test_a_save_of_a_full_table_leaves_no_buffer_resident(disk: str) -> None:
-    # A pass over the tiers reads each block into buffers freed before, kept while the pass is open; the window that
-    # ends a full table's shard takes the pass's last block without running it to its end, so it must close it.
-    dmp = model(disk)
-    for first in range(0, ROWS, 8):  # as many IDs as the table's rows, 8 a batch: every row of its shard holds one
-        values = torch.cat([torch.arange(first, first + 8) * 1_000_003 + 2**40, torch.arange(first, first + 8)])
-        kjt = KeyedJaggedTensor.from_lengths_sync(keys=["uid", "p"], values=values,
-                                                  lengths=torch.ones(16, dtype=torch.long))
-        dmp(kjt).values().sum().backward()
-    assert cache_metrics(dmp)["user"]["disk_rows"] > 0, "the pass must read blocks from below the cache"
-    dcp.save(both(dmp), checkpoint_id=f"{disk}/ckpt")
-    assert memory._reusers == 0 and memory._kept == {}
 
 
 def test_state_dict_entries_are_table_sized_windows(disk: str) -> None:
@@ -342,3 +330,23 @@ def test_a_missing_shard_file_is_refused_before_any_table_changes(disk: str) -> 
     with pytest.raises(CheckpointException, match="No such file"):
         dcp.load(both(loaded), checkpoint_id=f"{disk}/ckpt")
     assert torch.equal(lookups(loaded, range(20)), before)  # nothing was staged: nothing to refuse either
+
+
+def test_windows_read_in_order_reuse_the_memory_of_the_window_before_and_keep_none_after_the_last() -> None:
+    # Blocks as a disk tier's pass gives them (records of plain_empty memory, 8 MiB each), read a window at a time.
+    block_rows, width, blocks = 1 << 16, 32, 4
+    addresses = []
+
+    def records() -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        for b in range(blocks):
+            rows = torch.from_numpy(plain_empty((block_rows, width), np.float32)).fill_(b)
+            addresses.append(rows.data_ptr())
+            yield torch.arange(b * block_rows, (b + 1) * block_rows), rows
+
+    in_order = _InOrder(records, width, blocks * block_rows, block_rows)
+    for b in range(blocks):
+        got = in_order.take(b * block_rows, torch.arange(b * block_rows, (b + 1) * block_rows))
+        assert got is not None and bool((got == b).all())
+        assert (in_order.kept.nbytes > 0) == (0 < b < blocks - 1)  # what the window before freed, till the last
+    assert addresses[2] in addresses[:2] and addresses[3] in addresses[:3], "later windows land in freed memory"
+    assert memory._reusers == 0 and memory._kept == {}

@@ -49,6 +49,9 @@ class RowTier(Protocol):
     def stored(self, t: int, block_rows: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         """Every ``(keys, packed rows)`` held below the pool, in blocks of at most ``block_rows`` rows."""
 
+    def stored_keys(self, t: int, block_rows: int) -> Iterator[torch.Tensor]:
+        """The keys of :meth:`stored`, in its order and blocks, without decoding the rows."""
+
     def read(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Packed rows of ``keys`` from below the pool, and which were found; moves nothing between tiers."""
 
@@ -93,6 +96,9 @@ class PoolOnly:
         return None
 
     def stored(self, t: int, block_rows: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        return iter(())
+
+    def stored_keys(self, t: int, block_rows: int) -> Iterator[torch.Tensor]:
         return iter(())
 
     def read(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -25,7 +25,6 @@ from torchrec_ascend.hash.slot_table import SlotTable
 from torchrec_ascend.kernels import row_tier
 from torchrec_ascend.kernels.pool import Pool
 from torchrec_ascend.kernels.row_tier import RowTier
-from torchrec_ascend.native.memory import reused_buffers
 
 _EMPTY = torch.empty(0, dtype=torch.int64)
 
@@ -186,23 +185,19 @@ class ShardCheckpoint:
         return itertools.chain([pool], changed_below()), removed
 
     def held_keys(self, t: int) -> Iterator[torch.Tensor]:
-        """Every key table ``t``'s shard holds, in blocks: the pool's, then each lower tier's (rows are read and
-        dropped a block at a time: the keys of a disk tier are in its records)."""
+        """Every key table ``t``'s shard holds, in blocks: the pool's, then each lower tier's (the keys of a disk
+        tier are in its records: they are read a block at a time, their rows never decoded)."""
         yield self._slot_tables[t].id_map.export()[0]
-        for keys, _ in self._tier.stored(t, row_tier.BLOCK_ROWS):
-            yield keys
+        yield from self._tier.stored_keys(t, row_tier.BLOCK_ROWS)
 
-    def held_records(self, t: int, block_rows: int) -> Generator[Tuple[torch.Tensor, torch.Tensor], None, None]:
+    def held_records(self, t: int, block_rows: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         """Every key table ``t``'s shard holds with its packed record (:meth:`read_records`' layout), in
         :meth:`held_keys`' order, at most ``block_rows`` at a time: the lower tiers read sequentially, as a full
-        :meth:`export_shard` reads them, each block into the memory of blocks freed before (a DCP save of 1M rows:
-        4.8 -> 3.6 s, where fresh memory was faulted in); until the pass ends or is closed, freed buffers stay
-        resident for reuse."""
+        :meth:`export_shard` reads them."""
         keys, slots = self._slot_tables[t].id_map.export()
         for start in range(0, keys.numel(), block_rows):
             yield keys[start:start + block_rows], self._pool.pack(t, slots[start:start + block_rows])
-        with reused_buffers():
-            yield from self._tier.stored(t, block_rows)
+        yield from self._tier.stored(t, block_rows)
 
     def read_records(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The current packed record (:meth:`Pool.pack` layout) of each of ``keys`` from whichever tier holds it;

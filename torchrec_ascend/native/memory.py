@@ -42,6 +42,7 @@ import torch
 from numpy.typing import DTypeLike
 
 __all__ = [
+    "KeptBuffers",
     "huge_page_full",
     "no_numpy_huge_pages",
     "physical_memory_bytes",
@@ -265,14 +266,42 @@ def no_numpy_huge_pages() -> Iterator[None]:
                 _ADVICE_SWITCH(_advice_before)
 
 
+class KeptBuffers:
+    """Freed :func:`plain_empty` buffers a caller keeps between its :func:`reused_buffers` blocks (``keep=``): a
+    pass that reads a block per call (a DCP save reads a table a window at a time) then reads each into the memory of
+    the call before, not fresh memory. They stay resident while this holds them; :meth:`clear` unmaps them.
+
+    Example::
+
+        kept = KeptBuffers()
+        for start in range(0, len(segment), 65536):  # one call at a time, other work in between
+            with reused_buffers(64 << 20, keep=kept):
+                consume(segment.read_range(start, start + 65536))
+        kept.clear()
+    """
+
+    def __init__(self) -> None:
+        self.buffers: Dict[int, List[mmap.mmap]] = {}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return sum(size * len(buffers) for size, buffers in self.buffers.items())
+
+    def clear(self) -> None:
+        """Unmap every buffer held (none has a view: each was freed)."""
+        self.buffers = {}
+
+
 @contextlib.contextmanager
-def reused_buffers(limit: int = KEPT_BYTES) -> Iterator[None]:
+def reused_buffers(limit: int = KEPT_BYTES, keep: Optional[KeptBuffers] = None) -> Iterator[None]:
     """Inside the block, a large buffer of :func:`plain_empty` is reused once freed: kept (up to ``limit`` bytes in
     all) and handed out again for the next array of its size. The last block to leave unmaps the kept ones, so
     nothing stays resident after the work.
 
     A kept buffer stays resident until it is reused, so a caller whose peak memory matters keeps ``limit`` to the
-    buffers freed between two reads (a checkpoint load: one block).
+    buffers freed between two reads (a checkpoint load: one block). ``keep``: the block starts with its buffers and,
+    when it is the last block to leave, hands what is kept back to it instead of unmapping them.
 
     A fresh mapping costs a page fault a 4 KiB page on its first touch: the Saver reads blocks of one size after
     another (checkpoint arrays, disk-tier records), and reading them into fresh memory took a third of the time a save
@@ -288,6 +317,13 @@ def reused_buffers(limit: int = KEPT_BYTES) -> Iterator[None]:
     with _LOCK:
         _reusers += 1
         outer, _kept_limit = _kept_limit, -(-limit // PAGE) * PAGE  # buffers are whole pages
+        if keep is not None:
+            for size, buffers in keep.buffers.items():
+                taken = buffers[:max(0, (_kept_limit - _kept_bytes) // size)]  # the rest are unmapped
+                if taken:
+                    _kept.setdefault(size, []).extend(taken)
+                    _kept_bytes += size * len(taken)
+            keep.clear()
     try:
         yield
     finally:
@@ -295,5 +331,7 @@ def reused_buffers(limit: int = KEPT_BYTES) -> Iterator[None]:
             _reusers -= 1
             _kept_limit = outer
             if _reusers == 0:
+                if keep is not None:
+                    keep.buffers = {size: buffers for size, buffers in _kept.items() if buffers}
                 _kept.clear()  # unmapped as they go: no view of them remains
                 _kept_bytes = 0

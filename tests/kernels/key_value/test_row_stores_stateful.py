@@ -116,6 +116,9 @@ class TieredStoreMachine(RuleBasedStateMachine):
                 assert k not in listed
                 listed[k] = row_bytes(rows[i])
         assert listed == self.model
+        assert [k for keys in self.store.keys(rows_per_chunk=4) for k in keys.tolist()] == list(listed), (
+            "keys() lists the keys of chunks(), in its order"
+        )
 
     def teardown(self):
         if hasattr(self, "store"):

@@ -351,6 +351,21 @@ class DiskStore:
             RuntimeError: the store changed between two chunks.
             StorageError: a live record is corrupted or its file truncated.
         """
+        for records in self._every_live_record(rows_per_chunk):
+            yield torch.from_numpy(records[:, 0].view(np.int64).copy()), self._format.decode(records)
+
+    def keys(self, rows_per_chunk: int = 65536) -> Iterator[torch.Tensor]:
+        """The keys of :meth:`chunks`, in its order and blocks, without decoding their rows.
+
+        Raises:
+            RuntimeError: the store changed between two blocks.
+            StorageError: a live record is corrupted or its file truncated.
+        """
+        for records in self._every_live_record(rows_per_chunk):
+            yield torch.from_numpy(records[:, 0].view(np.int64).copy())
+
+    def _every_live_record(self, rows_per_chunk: int) -> Iterator[np.ndarray]:
+        """Every live record once, in file order, at most ``rows_per_chunk`` at a time (none empty)."""
         self._check_open()
         version = self._version
         for segment_id in sorted(self._segments):
@@ -360,7 +375,7 @@ class DiskStore:
                         f"{self.where}: the store changed while chunks() was iterating; do not mutate it"
                     )
                 if len(records):
-                    yield torch.from_numpy(records[:, 0].view(np.int64).copy()), self._format.decode(records)
+                    yield records
 
     def close(self) -> None:
         """Close the files and delete this store's directory (idempotent).

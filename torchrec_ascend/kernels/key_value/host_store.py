@@ -320,13 +320,27 @@ class HostStore:
         keys, slots = self._index.export()
         version = self._version
         for start in range(0, keys.numel(), rows_per_chunk):
-            if version != self._version:  # builtin, like dict's: a caller mutating the store it iterates
-                raise RuntimeError(f"{self.where}: the store changed while chunks() was iterating; do not mutate it")
+            self._check_unchanged(version)
             yield keys[start : start + rows_per_chunk], self._rows.gather(slots[start : start + rows_per_chunk])
         if self.spill is not None:
             for chunk in self.spill.chunks(rows_per_chunk):
-                if version != self._version:  # builtin, like dict's: a caller mutating the store it iterates
-                    raise RuntimeError(f"{self.where}: the store changed while chunks() was iterating")
+                self._check_unchanged(version)
+                yield chunk
+
+    def keys(self, rows_per_chunk: int = 65536) -> Iterator[torch.Tensor]:
+        """The keys of :meth:`chunks`, in its order and blocks, without reading their rows.
+
+        Raises:
+            RuntimeError: the store changed between two blocks.
+            StorageError: a disk record is damaged.
+        """
+        keys, version = self._index.export()[0], self._version
+        for start in range(0, keys.numel(), rows_per_chunk):
+            self._check_unchanged(version)
+            yield keys[start : start + rows_per_chunk]
+        if self.spill is not None:
+            for chunk in self.spill.keys(rows_per_chunk):
+                self._check_unchanged(version)
                 yield chunk
 
     def close(self) -> None:
@@ -335,6 +349,10 @@ class HostStore:
             self.spill.close()
 
     # -- internals ------------------------------------------------------------------------------------------------
+
+    def _check_unchanged(self, version: int) -> None:
+        if version != self._version:  # builtin, like dict's: a caller mutating the store it iterates
+            raise RuntimeError(f"{self.where}: the store changed while chunks() was iterating; do not mutate it")
 
     def _nbytes_at(self, capacity: int) -> int:
         """An upper bound of :attr:`nbytes` once the host tier holds ``capacity`` rows."""

@@ -27,6 +27,7 @@ class RowStore(Protocol):
     * ``pop(keys) -> (rows, found)``: ``get`` followed by ``remove``.
     * ``remove(keys)``: forget the keys; absent keys are ignored.
     * ``chunks(rows_per_chunk)``: every ``(keys, rows)`` once, in chunks (checkpoints).
+    * ``keys(rows_per_chunk)``: the keys of ``chunks``, in its order and blocks, rows left unread or undecoded.
 
     Example::
 
@@ -47,6 +48,8 @@ class RowStore(Protocol):
     def remove(self, keys: torch.Tensor) -> None: ...
 
     def chunks(self, rows_per_chunk: int = ...) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def keys(self, rows_per_chunk: int = ...) -> Iterator[torch.Tensor]: ...
 
     def stats(self) -> Dict[str, int]: ...
 

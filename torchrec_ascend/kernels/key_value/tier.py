@@ -100,6 +100,9 @@ class HostDiskTier:
     def stored(self, t: int, block_rows: int) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         return ((keys, self._codecs[t].decode(rows)) for keys, rows in self.stores[t].chunks(block_rows))
 
+    def stored_keys(self, t: int, block_rows: int) -> Iterator[torch.Tensor]:
+        return self.stores[t].keys(block_rows)
+
     def read(self, t: int, keys: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         store = self.stores[t]
         promote, store.promote = store.promote, False  # a checkpoint read must not move rows between tiers
