@@ -154,6 +154,25 @@ def test_windows_read_in_any_order_hold_the_same_rows(disk: str, monkeypatch: py
     assert looked_up, "some windows were looked up"
 
 
+@pytest.mark.parametrize("window_rows", [40, ROWS])
+def test_a_windows_clone_is_memory_of_its_own(disk: str, monkeypatch: pytest.MonkeyPatch, window_rows: int) -> None:
+    # DCP's save clones each window, and the clone may be the very rows read for it: never memory the table keeps.
+    monkeypatch.setattr(sharded, "WINDOW_BYTES", window_rows * 4 * (DIM + 1))
+    dmp = model(disk)
+    train(dmp, range(40))
+    before = lookups(dmp, range(10))
+    state = both(dmp)
+    parts = [state["model"]["embedding_bags.user.weight"], state["model"]["embedding_bags.user.weight_id"],
+             state["optim"]["state"]["embedding_bags.user.weight"]["user.momentum1"]]
+    windows = [shard.tensor for part in parts for shard in part.local_shards()]
+    clones = [window.clone() for window in windows]
+    expected = [torch.tensor(clone.numpy().copy()) for clone in clones]  # numpy's copy: no window code runs
+    for clone in clones:
+        clone.fill_(-7)
+    assert all(torch.equal(window.clone(), want) for window, want in zip(windows, expected))
+    assert torch.equal(lookups(dmp, range(10)), before)
+
+
 def test_windows_read_across_a_batch_hold_their_ids_rows(disk: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # A batch moves rows between the tiers: a pass over them begun before it must not go on pairing its IDs with rows.
     monkeypatch.setattr(sharded, "WINDOW_BYTES", 40 * 4 * (DIM + 1))  # 40-row windows
@@ -345,7 +364,7 @@ def test_windows_read_in_order_reuse_the_memory_of_the_window_before_and_keep_no
 
     in_order = _InOrder(records, width, blocks * block_rows, block_rows)
     for b in range(blocks):
-        got = in_order.take(b * block_rows, torch.arange(b * block_rows, (b + 1) * block_rows))
+        got = in_order.take(b * block_rows, torch.arange(b * block_rows, (b + 1) * block_rows), slice(0, width))
         assert got is not None and bool((got == b).all())
         assert (in_order.kept.nbytes > 0) == (0 < b < blocks - 1)  # what the window before freed, till the last
     assert addresses[2] in addresses[:2] and addresses[3] in addresses[:3], "later windows land in freed memory"

@@ -56,7 +56,7 @@ from torchrec_ascend.errors import CapacityError, ConfigError, StorageError
 from torchrec_ascend.kernels.key_value.kernel import KeyValueRows
 from torchrec_ascend.kernels.shard_checkpoint import ShardRows
 from torchrec_ascend.kernels.walk import sharded_kernels
-from torchrec_ascend.native.memory import KeptBuffers, no_numpy_huge_pages, reused_buffers
+from torchrec_ascend.native.memory import KeptBuffers, no_numpy_huge_pages, plain_empty, reused_buffers
 
 WEIGHTS, IDS = 0, 1  # parts of a table view; optimizer state k is part 2 + k
 _EMPTY = torch.empty(0, dtype=torch.int64)
@@ -112,13 +112,13 @@ class TableView:
     def read(self, part: int, row0: int, rows: int) -> torch.Tensor:
         self.settle()
         if part == IDS:
-            return self._row_ids()[row0:row0 + rows, None]
+            return self._row_ids()[row0:row0 + rows, None].clone()  # the window's own (RowSource.read)
         keys = self._row_ids()[row0:row0 + rows] if self.layout.hash_ids else torch.arange(row0, row0 + rows)
-        records = self._in_order.take(row0, keys) if self._in_order and self.layout.hash_ids else None
-        if records is None:
-            records = self._looked_up(keys)
         col0, width = self._columns[part]
-        values = records[:, col0:col0 + width]
+        columns = slice(col0, col0 + width)
+        values = self._in_order.take(row0, keys, columns) if self._in_order and self.layout.hash_ids else None
+        if values is None:
+            values = self._looked_up(keys)[:, columns]
         if part >= 2 and self.info.state_shapes[part - 2] == ():
             values = values[:, 0]
         return values.to(self.dtype(part))
@@ -394,17 +394,18 @@ class _InOrder:
 
     def __init__(self, blocks: Callable[[], Iterator[Tuple[torch.Tensor, torch.Tensor]]], width: int, rows: int,
                  block_rows: int) -> None:
-        self._blocks, self._width, self._rows = blocks, width, rows
+        self._blocks, self._rows = blocks, rows
         self._pass: Optional[Iterator[Tuple[torch.Tensor, torch.Tensor]]] = None
         self._start = 0  # the row of the first record buffered
         self._buffered: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self.kept = KeptBuffers()
         self._kept_limit = 2 * block_rows * (4 * width + 16)  # a disk record: its key, its checksum, its row
 
-    def take(self, row0: int, keys: torch.Tensor) -> Optional[torch.Tensor]:
-        """The records of rows ``row0, row0 + 1, ...`` holding ``keys`` (-1 after the last ID: zeros), or None if
-        the pass does not give those keys there (the table changed) or ``row0`` lies behind it and is not the
-        first row (windows read out of order): the caller looks them up."""
+    def take(self, row0: int, keys: torch.Tensor, columns: slice) -> Optional[torch.Tensor]:
+        """The ``columns`` of the records of rows ``row0, row0 + 1, ...`` holding ``keys`` (-1 after the last ID:
+        zeros), a contiguous tensor of their own, or None if the pass does not give those keys there (the table
+        changed) or ``row0`` lies behind it and is not the first row (windows read out of order): the caller looks
+        them up."""
         if self._pass is None or row0 < self._start:
             if row0:
                 return None
@@ -431,7 +432,13 @@ class _InOrder:
             self.kept.clear()
         if not torch.equal(held, keys[:held.numel()]) or bool((keys[held.numel():] >= 0).any()):
             return None
-        return torch.cat([*(r for _, r in pieces), torch.zeros(keys.numel() - held.numel(), self._width)])
+        # A mapping of its own, not glibc's heap: window after window of these (DCP writes and drops each) grew
+        # the heap by up to ten windows of freed memory it kept resident, in some runs and not others
+        values = torch.from_numpy(plain_empty((keys.numel(), columns.stop - columns.start), np.float32))
+        if pieces:
+            torch.cat([r[:, columns] for _, r in pieces], out=values[:held.numel()])
+        values[held.numel():] = 0
+        return values
 
 
 class _Staging:

@@ -22,6 +22,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 _aten = torch.ops.aten
+_KEPT_FORMATS = (torch.preserve_format, torch.contiguous_format)  # a contiguous tensor is its own clone in these
 
 
 class RowSource(Protocol):
@@ -31,7 +32,8 @@ class RowSource(Protocol):
         """The dtype of ``part``'s tensor."""
 
     def read(self, part: int, row0: int, rows: int) -> torch.Tensor:
-        """``part``'s rows ``[row0, row0 + rows)``, all columns (1-D parts: ``[rows]``)."""
+        """``part``'s rows ``[row0, row0 + rows)``, all columns (1-D parts: ``[rows]``), in a tensor of its own: no
+        other tensor refers to its memory, so a window's ``clone`` may be that tensor."""
 
     def write(self, part: int, row0: int, col0: int, values: torch.Tensor) -> None:
         """Write ``values`` (``[rows, cols]``, or ``[rows]`` for 1-D parts) at ``part``'s rows from ``row0`` and columns
@@ -101,6 +103,12 @@ class RowWindow(torch.Tensor):
             return args[0]._sub(0, 0, args[0].shape[0])  # a view: a new window over the same rows
         if func is _aten.is_pinned.default:
             return False
+        if func is _aten.clone.default and kwargs.get("memory_format", torch.preserve_format) in _KEPT_FORMATS:
+            # DCP's save clones each window; the rows read are the window's own (RowSource.read): a second copy of
+            # them would only cost a window's copy and memory
+            values = args[0].values_now()
+            whole = values.is_contiguous() and values.untyped_storage().nbytes() == values.nbytes
+            return values if whole else values.clone()
         if func is _aten.slice.Tensor:
             window, dim, start, end = (list(args) + [0, None, None])[:4]
             step = args[4] if len(args) > 4 else kwargs.get("step", 1)
