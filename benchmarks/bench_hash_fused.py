@@ -141,7 +141,7 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
             notes[-1] += " (WARNING: the models differ; raise --rows or lower --catalogue)"
         print(f"  {notes[-1]}")
     for t in targets:
-        print(f"target {t['what']}: {t['value']:.2f} ({t['target']}): {'met' if t['met'] else 'NOT met'}")
+        print(f"target {t['what']}: {t['value']:.3f} ({t['target']}): {'met' if t['met'] else 'NOT met'}")
     return make_result(
         title="Hash tables on the FUSED kernel vs stock FUSED tables (DLRM training, 2 ranks)",
         baseline="stock FUSED tables of the same size (EmbeddingBagConfig, row-index IDs), same run and batches",

@@ -38,7 +38,7 @@ def target(what: str, value: Optional[float], comparison: str, threshold: float)
     if comparison not in COMPARISONS:
         raise ValueError(f"target {what!r}: comparison must be one of {sorted(COMPARISONS)}, got {comparison!r}")
     met = value is not None and COMPARISONS[comparison](value, threshold)
-    return {"what": what, "value": value, "target": f"{comparison} {threshold:g}", "met": met}
+    return {"what": what, "value": value, "target": f"{comparison} {threshold:g}", "threshold": threshold, "met": met}
 
 
 def make_result(title: str, baseline: str, rows: List[Dict[str, Any]], targets: List[Dict[str, Any]],

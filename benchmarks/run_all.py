@@ -230,6 +230,20 @@ def fmt(value: Any) -> str:
     return str(value).replace("|", "\\|")
 
 
+def fmt_measured(t: Dict[str, Any]) -> str:
+    """A target's measured value as :func:`fmt` writes it, with more digits where that would read as the threshold
+    itself (0.9488 against >= 0.95 shows as 0.9488, not as a "0.95" that missed)."""
+    if t["value"] is None:
+        return "not measured"
+    value, threshold = float(t["value"]), float(t["threshold"])
+    text, digits = fmt(value), 3
+    # 17 significant digits tell any two doubles apart, so the loop always ends with a figure that is not the bound.
+    while value != threshold and float(text.replace(",", "")) == threshold and digits < 17:
+        digits += 1
+        text = f"{value:.{digits}g}"
+    return text
+
+
 def table(rows: List[Dict[str, Any]]) -> List[str]:
     """Markdown table of flat dicts; columns are the union of keys, in first-seen order."""
     columns: List[str] = []
@@ -310,8 +324,7 @@ def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, loa
         elif not targets:
             lines.append(f"| {o.benchmark.name} | none stated | see below | - |")
         for t in targets if not o.error else []:
-            value = "not measured" if t["value"] is None else fmt(float(t["value"]))
-            lines.append(f"| {o.benchmark.name}: {t['what']} | {t['target']} | {value} | "
+            lines.append(f"| {o.benchmark.name}: {t['what']} | {t['target']} | {fmt_measured(t)} | "
                          f"{'yes' if t['met'] else '**no**'} |")
     for o in outcomes:
         lines += ["", f"## {o.benchmark.name} (`benchmarks/{o.benchmark.script}`)", "",
@@ -323,8 +336,7 @@ def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, loa
             lines += [f"{r['title']}.", "", f"Baseline: {r['baseline']}.", "", *table(r["rows"]), ""]
             lines += [f"- {note}" for note in r["notes"]]
             for t in r["targets"]:
-                value = "not measured" if t["value"] is None else fmt(float(t["value"]))
-                lines.append(f"- Target: {t['what']} {t['target']}: measured {value}, "
+                lines.append(f"- Target: {t['what']} {t['target']}: measured {fmt_measured(t)}, "
                              f"{'met' if t['met'] else '**not met**'}.")
         lines += ["", "<details><summary>raw output</summary>", "", "```", o.output.strip(), "```", "", "</details>"]
     return "\n".join(lines) + "\n"

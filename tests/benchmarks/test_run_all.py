@@ -127,6 +127,24 @@ def test_target_verdicts() -> None:
         target("x", 1.0, ">", 0.5)
 
 
+def test_a_measured_figure_reads_as_its_threshold_only_when_it_is_the_threshold() -> None:
+    assert run_all.fmt_measured(target("x", 0.9488, ">=", 0.95)) == "0.9488"  # "0.95", not met, misled a reader
+    assert run_all.fmt_measured(target("x", 100.01, ">=", 100)) == "100.01"
+    assert run_all.fmt_measured(target("x", 0.95, ">=", 0.95)) == "0.95"
+    assert run_all.fmt_measured(target("x", 0.73, ">=", 0.8)) == "0.73"  # far from it: fmt's digits
+    assert run_all.fmt_measured(target("x", None, ">=", 0.8)) == "not measured"
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.floats(min_value=1e-3, max_value=1e6), threshold=st.sampled_from([0.05, 0.4, 0.5, 0.8, 0.9, 0.95,
+                                                                                 1, 1.3, 2, 5, 100]),
+       nudge=st.sampled_from([0, 1, -1, 1e-9, -1e-9, 1e-3, -1e-3]))
+def test_measured_figures_never_round_onto_their_threshold(value: float, threshold: float, nudge: float) -> None:
+    value = threshold * (1 + nudge) if nudge else value
+    shown = float(run_all.fmt_measured(target("x", value, ">=", threshold)).replace(",", ""))
+    assert (shown == threshold) == (value == threshold), (value, threshold, shown)
+
+
 def test_report_lists_failures_and_targets() -> None:
     ok = run_all.Outcome(run_all.BENCHMARKS[0], ["python", "bench_id_map.py"], 3.0, 0, ID_MAP_OUT,
                          result=run_all.parse_id_map(ID_MAP_OUT))
