@@ -145,7 +145,7 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
     return make_result(
         title="Hash tables on the FUSED kernel vs stock FUSED tables (DLRM training, 2 ranks)",
         baseline="stock FUSED tables of the same size (EmbeddingBagConfig, row-index IDs), same run and batches",
-        rows=rows, targets=targets,
+        rows=rows, targets=targets, throughput=("samples/s", ["variant"]),
         notes=[f"{a.tables} tables x {a.rows} rows x dim {a.dim}; batch {a.batch} per rank; ~{a.bag} IDs per sample "
                f"and table; Zipf({a.alpha}) over {a.catalogue} keys; {a.runs} runs x {a.steps} steps after "
                f"{a.warmup} warm-up steps; samples/s are global (both ranks).",

@@ -213,7 +213,7 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
     return make_result(
         title="KEY_VALUE (cache of 10% of the working set) vs FUSED holding every row (DLRM training, 2 ranks)",
         baseline="FUSED hash tables holding every row, same model, same run and batches",
-        rows=rows, targets=targets,
+        rows=rows, targets=targets, throughput=("samples/s", ["model"]),
         notes=notes + ["hit rate: cache hits / lookups over the timed steps, every ID occurrence counted; in/step: "
                "rows swapped into the caches per step (both ranks); policy: seconds inside the eviction policy's "
                "methods (the worse rank) per step and as a share of its wall time; ID mapping: seconds in the "

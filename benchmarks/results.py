@@ -1,6 +1,7 @@
 """The result every benchmark hands to ``run_all.py``: a table of medians and ratios, plus targets met or not.
 
-A result is plain JSON: ``{"title", "baseline", "rows", "targets", "notes"}``. ``rows`` is a list of flat dicts
+A result is plain JSON: ``{"title", "baseline", "rows", "targets", "notes"}``, and ``"throughput"`` for a
+benchmark of training speed (drawn in the report's figure). ``rows`` is a list of flat dicts
 (one table row each; the columns are the union of their keys, in first-seen order), ``targets`` a list of
 :func:`target` records. Benchmarks with ``--json PATH`` write one; ``run_all.py`` builds the same shape from the
 printed output of the scripts that have no such flag.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import operator
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 COMPARISONS = {">=": operator.ge, "<=": operator.le}
 
@@ -42,9 +43,15 @@ def target(what: str, value: Optional[float], comparison: str, threshold: float)
 
 
 def make_result(title: str, baseline: str, rows: List[Dict[str, Any]], targets: List[Dict[str, Any]],
-                notes: Optional[List[str]] = None) -> Dict[str, Any]:
-    """A benchmark result (see the module docstring); ``notes`` are lines shown under the table."""
-    return {"title": title, "baseline": baseline, "rows": rows, "targets": targets, "notes": list(notes or [])}
+                notes: Optional[List[str]] = None,
+                throughput: Optional[Tuple[str, List[str]]] = None) -> Dict[str, Any]:
+    """A benchmark result (see the module docstring); ``notes`` are lines shown under the table; ``throughput``:
+    the column of the rows' training throughput and the columns that label a row, for the report's figure
+    (``plot.py``)."""
+    result = {"title": title, "baseline": baseline, "rows": rows, "targets": targets, "notes": list(notes or [])}
+    if throughput is not None:
+        result["throughput"] = {"column": throughput[0], "labels": list(throughput[1])}
+    return result
 
 
 def write_result(path: str, result: Dict[str, Any]) -> None:

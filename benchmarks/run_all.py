@@ -7,7 +7,8 @@ section also keeps the raw output, so nothing depends on the parsing alone.
 
 Per benchmark the report gives the command, the baseline, the medians and ratios, the target and whether it was
 met; its header states the date, the machine and the load on it (2 shared cores here: single runs vary by 2x and
-more under load; every ratio is against a baseline measured in the same run).
+more under load; every ratio is against a baseline measured in the same run). Under its summary a figure
+(``REPORT.svg``, ``plot.py``) draws the training throughput of every variant, each run beside the medians.
 
 Run (about 12-13 minutes here, 8 of them the 100,000-step soak)::
 
@@ -33,6 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+import plot
 from results import make_result, target
 
 HERE = Path(__file__).resolve().parent
@@ -131,7 +133,7 @@ def parse_pipeline(text: str) -> Dict[str, Any]:
     notes += [line.strip() for line in text.splitlines() if line.startswith(("--device-ms", "  serial step"))]
     return make_result("HybridTrainPipelineSparseDist depths 1/3/6 vs TorchRec's TrainPipelineSparseDist, 2 ranks",
                        "depth 1 (every stage of a batch before the next) and stock TrainPipelineSparseDist, same run",
-                       rows, targets, notes)
+                       rows, targets, notes, throughput=("steps/s", ["pipeline", "device ms"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,9 +300,30 @@ def load() -> str:
         return "unknown"
 
 
+def figure(outcomes: List[Outcome], path: Path) -> List[str]:
+    """Draw the training throughput of the benchmarks that measure it into ``path`` (``plot.py``); returns the
+    report's lines that show it, or that say why there is none (no such benchmark ran: no lines, no file)."""
+    try:
+        panels = [p for o in outcomes if o.result for p in [plot.panel(o.benchmark.name, o.result)] if p]
+    except ValueError as err:
+        return ["", f"**No figure: {err}.**"]
+    if not panels:
+        path.unlink(missing_ok=True)  # a figure of an earlier run would not match this report
+        return []
+    try:
+        plot.draw(panels, str(path))
+    except ImportError:
+        return ["", "**No figure: matplotlib is not installed** (`pip install matplotlib`; "
+                "`bash scripts/run-benchmarks` installs it)."]
+    return ["", f"![training throughput per variant]({path.name})", "",
+            f"Training throughput per variant (`{path.name}`): bars are the medians in the tables below, dots the "
+            "single runs."]
+
+
 def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, load_before: str,
-           setting: List[str]) -> str:
-    """The markdown report; ``setting``: :func:`machine`'s lines, taken when the run started (the code that ran)."""
+           setting: List[str], figure_lines: List[str]) -> str:
+    """The markdown report; ``setting``: :func:`machine`'s lines, taken when the run started (the code that ran);
+    ``figure_lines``: :func:`figure`'s, shown under the summary."""
     total = sum(o.seconds for o in outcomes)
     lines = [
         "# Benchmark report",
@@ -326,6 +349,7 @@ def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, loa
         for t in targets if not o.error else []:
             lines.append(f"| {o.benchmark.name}: {t['what']} | {t['target']} | {fmt_measured(t)} | "
                          f"{'yes' if t['met'] else '**no**'} |")
+    lines += figure_lines
     for o in outcomes:
         lines += ["", f"## {o.benchmark.name} (`benchmarks/{o.benchmark.script}`)", "",
                   f"Command ({o.seconds:.0f} s):", "", "```", shell(o.command), "```", ""]
@@ -377,7 +401,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"  {outcome.seconds:.0f} s" + (f": {outcome.error}" if outcome.error else ""), flush=True)
         outcomes.append(outcome)
     kept = standalone_sections(args.report)
-    Path(args.report).write_text(report(outcomes, args.smoke, started, load_before, setting) + kept)
+    figure_lines = figure(outcomes, Path(args.report).with_suffix(".svg"))
+    Path(args.report).write_text(report(outcomes, args.smoke, started, load_before, setting, figure_lines) + kept)
     print(f"wrote {args.report}")
     return 1 if any(o.error for o in outcomes) else 0
 

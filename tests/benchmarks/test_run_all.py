@@ -152,7 +152,11 @@ def test_report_lists_failures_and_targets() -> None:
                              error="exited with status 1")
     started = run_all.datetime.datetime(2030, 1, 2)
     setting = ["- Software: commit 0123abc (taken when the run started)"]
-    text = run_all.report([ok, broken], smoke=False, started=started, load_before="1", setting=setting)
+    figure_lines = ["", "![figure](REPORT.svg)"]
+    text = run_all.report([ok, broken], smoke=False, started=started, load_before="1", setting=setting,
+                          figure_lines=figure_lines)
+    summary, _, sections = text.partition("\n## id_map")
+    assert "\n".join(figure_lines) in summary and "REPORT.svg" not in sections  # under the summary, once
     assert setting[0] in text and "- Machine:" not in text  # what ran, not the tree when the report is written
     assert "| id_map: IdMap later-batch M IDs/s | >= 100 | 102 | yes |" in text
     assert "| policies | | **exited with status 1** | no |" in text
