@@ -225,22 +225,27 @@ def summarize(a: argparse.Namespace, measured: Dict[str, Any]) -> Dict[str, Any]
 def step_gap(fused: List[Dict[str, float]], key_value: List[Dict[str, float]], steps: int, name: str) -> str:
     """Where a KEY_VALUE step's time beyond a FUSED step's goes, on the rank that maps the longest (means over the
     timed steps, ms): its ID mapping split into the swap's parts (:class:`MappingClock`), the policy and the rest;
-    and the gap outside the mapping (the collectives waiting on the slower rank)."""
+    the gap outside the mapping (the collectives waiting on the slower rank); and what bounds the ratio: the step
+    the target needs, and the ratio if the host store's put and pop took no time."""
     rank = max(range(len(key_value)), key=lambda r: key_value[r]["mapping_s"])
     kv, base = key_value[rank], fused[rank]
     ms = {k: 1e3 * v / steps for k, v in kv.items()}
-    gap = ms["seconds"] - 1e3 * base["seconds"] / steps
+    fused_ms = 1e3 * base["seconds"] / steps
+    gap = ms["seconds"] - fused_ms
     mapping_gap = ms["mapping_s"] - 1e3 * base["mapping_s"] / steps
     swap = {part: ms[f"{part}_s"] for part in MappingClock.SWAP_PARTS}
     rest = ms["mapping_s"] - sum(swap.values()) - ms["policy_s"]
     parts = ", ".join(f"{part} {value:.2f}" for part, value in swap.items())
     return (f"where a {name} step goes beyond a FUSED one (rank {rank}, the longer mapping; means over the timed "
-            f"steps): {ms['seconds']:.2f} ms against {ms['seconds'] - gap:.2f} ms, a gap of {gap:.2f} ms. Its ID "
+            f"steps): {ms['seconds']:.2f} ms against {fused_ms:.2f} ms, a gap of {gap:.2f} ms. Its ID "
             f"mapping takes {ms['mapping_s']:.2f} ms ({mapping_gap:.2f} more than FUSED's): {parts} (host store: its "
             f"put and pop, index passes and row copies in host memory; row copies: the cache's rows packed for the "
             f"host and unpacked from it), eviction policy {ms['policy_s']:.2f}, slot tables and the rest "
             f"{rest:.2f} (unique IDs, lookups, masks and map updates, new rows' initial values, Python); outside the "
-            f"mapping {gap - mapping_gap:.2f} ms (the collectives wait for the rank whose mapping took longer)")
+            f"mapping {gap - mapping_gap:.2f} ms (the collectives wait for the rank whose mapping took longer). "
+            f"{THROUGHPUT_TARGET:g}x FUSED needs a step of {fused_ms / THROUGHPUT_TARGET:.2f} ms, "
+            f"{ms['seconds'] - fused_ms / THROUGHPUT_TARGET:.2f} less; with the host store free the step would be "
+            f"{fused_ms / (ms['seconds'] - swap['host store']):.2f}x FUSED's")
 
 
 def cache_fraction(text: str) -> float:
