@@ -10,7 +10,7 @@ met; its header states the date, the machine and the load on it (2 shared cores 
 more under load; every ratio is against a baseline measured in the same run). Under its summary a figure
 (``REPORT.svg``, ``plot.py``) draws the training throughput of every variant, each run beside the medians.
 
-Run (about 12-13 minutes here, 8 of them the 100,000-step soak)::
+Run (6-14 minutes on the 2-core machines of the reports, 3-8 of them the 100,000-step soak)::
 
     bash scripts/run-benchmarks                    # or: .venv/bin/python benchmarks/run_all.py
     .venv/bin/python benchmarks/run_all.py --smoke --report /tmp/REPORT.md   # tiny sizes: checks they all run
