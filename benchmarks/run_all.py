@@ -317,7 +317,8 @@ def figure(outcomes: List[Outcome], path: Path) -> List[str]:
                 "`bash scripts/run-benchmarks` installs it)."]
     return ["", f"![training throughput per variant]({path.name})", "",
             f"Training throughput per variant (`{path.name}`): bars are the medians in the tables below, dots the "
-            "single runs."]
+            "single runs. The hash FUSED and KEY_VALUE ratios are not ratios of two bars: each is the median of the "
+            "ratios of runs paired in a round (a round's variants run back to back, under the same load)."]
 
 
 def report(outcomes: List[Outcome], smoke: bool, started: datetime.datetime, load_before: str,
