@@ -304,7 +304,8 @@ def figure(outcomes: List[Outcome], path: Path) -> List[str]:
     """Draw the training throughput of the benchmarks that measure it into ``path`` (``plot.py``); returns the
     report's lines that show it, or that say why there is none (no such benchmark ran: no lines, no file)."""
     try:
-        panels = [p for o in outcomes if o.result for p in [plot.panel(o.benchmark.name, o.result)] if p]
+        drawn = (plot.panel(o.benchmark.name, o.result) for o in outcomes if o.result)
+        panels = [p for p in drawn if p is not None]
     except ValueError as err:
         return ["", f"**No figure: {err}.**"]
     if not panels:
