@@ -207,10 +207,15 @@ def run(args: argparse.Namespace, root: str) -> Dict[str, Any]:
         rows.append(row)
     disk = {"save": median["sequential write + fdatasync"], "load": median["cold sequential read"]}
     both = disk["save"] + disk["load"]
+    # Profiled (cProfile of Saver().load): fdatasync and pwrite into the disk tier are its largest parts.
+    copy_bound = (f"a restore copies every byte it reads into the KEY_VALUE table's disk tier, so it takes about what "
+                  f"the disk takes to write them: a sequential write + fdatasync of the same bytes took "
+                  f"{disk['save']:.2f} s in this run, {disk['save'] / disk['load']:.1f}x its cold read")
     targets = [
-        target("Saver restore GB/s of records, cold (until load returns)", gigabytes / median["Saver.load"], ">=", 0.5),
+        target("Saver restore GB/s of records, cold (until load returns)", gigabytes / median["Saver.load"], ">=", 0.5,
+               bound=copy_bound),
         target("Saver restore / cold sequential read of the same bytes (time ratio)",
-               disk["load"] / median["Saver.load"], ">=", 0.4),
+               disk["load"] / median["Saver.load"], ">=", 0.4, bound=copy_bound),
         target("Saver full save / sequential write + fdatasync of the same bytes (time ratio)",
                disk["save"] / median["Saver.save"], ">=", 0.9),
     ]

@@ -7,19 +7,30 @@ every stage of a batch before the next one starts: it is the serial baseline, an
 of a step spent in host stages. Ratios are steps/s against depth 1, medians over runs measured in the same process
 (variants interleaved, so machine noise hits them alike).
 
+``--row-layouts``: each benchmark runs with the IDs' rows as the ID map hands them out ("as mapped", the workload of
+every report before this option: 96% of the IDs fall in rank 0's shard) and spread over the shards ("spread", as a
+real table's hashed IDs are); both are reported.
+
 ``--device-ms`` adds that much emulated accelerator time to every step's compute (a sleep on the caller's thread,
 during which the host cores are free, as they are while an NPU computes). With 0, compute runs on the same CPU cores
 as the host stages: on a machine with no spare core per rank, overlap cannot speed anything up there.
 
+Each depth's line also gives its compute per step (the slower rank) and the cores busy (both ranks' CPU seconds per
+wall second); from them, two ceilings of every deeper pipeline: a step is no shorter than its compute (which runs
+on the caller's thread while the host lanes work beside it), and overlap only moves work onto the cores the serial
+pipeline leaves idle.
+
 Run briefly (it launches its own 2 ranks)::
 
-    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_pipeline.py   # --device-ms 0 8
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_pipeline.py   # 0 and 8 ms, both layouts
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import statistics
 import sys
 import time
@@ -47,6 +58,13 @@ from torchrec_ascend.pipeline import HybridTrainPipelineSparseDist, Stage
 from torchrec_ascend.shutdown import end_rank
 
 SCRAMBLE, INT63_MASK = 0x9E3779B97F4A7C15, (1 << 63) - 1  # as bench_id_map.py: Zipf ranks over the int64 range
+# An ID map slot -> a table row. The map hands out slots in first-seen order, so "as mapped" puts a Zipf stream's
+# IDs in the lowest rows: 96% of them in rank 0's row-wise shard, whose rank then does nearly all the embedding work
+# while the other waits. "spread" scatters them over the rows (and shards) as hashed IDs are in a real table.
+ROW_LAYOUTS: Dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
+    "as mapped": lambda slots, rows: slots.remainder(rows),
+    "spread": lambda slots, rows: (slots * 2654435761).remainder(rows),  # an odd multiplier: a bijection mod 2**k
+}
 
 
 class MappedIdLoader:
@@ -74,7 +92,7 @@ class MappedIdLoader:
         rows = []
         for table, id_map in enumerate(self.maps):
             slots, _ = id_map.insert_or_lookup(self.raw[table, start:start + n])
-            rows.append(slots.remainder(a.rows))  # ID map slot -> table row
+            rows.append(ROW_LAYOUTS[a.row_layout](slots, a.rows))
         lengths = torch.full((a.tables * a.batch,), a.ids_per_sample, dtype=torch.long)
         return Batch(
             dense_features=torch.randn(a.batch, a.dense, generator=self.gen),
@@ -129,14 +147,15 @@ def timed_run(make: Callable[[], Any], loader: MappedIdLoader, a: argparse.Names
         pipeline.progress(batches)
     before = pipeline.stage_seconds() if hasattr(pipeline, "stage_seconds") else {}
     dist.barrier()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(a.steps):
         pipeline.progress(batches)
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     after = pipeline.stage_seconds() if hasattr(pipeline, "stage_seconds") else {}
     pipeline.detach()
     stages = {k: (after[k] - before.get(k, 0.0)) / a.steps for k in after}
-    return {"steps_per_s": a.steps / seconds, "stage_ms": {k: 1000 * v for k, v in stages.items()}}
+    return {"steps_per_s": a.steps / seconds, "stage_ms": {k: 1000 * v for k, v in stages.items()},
+            "cores_busy": cpu_seconds / seconds}
 
 
 def rank_main(a: argparse.Namespace) -> NoReturn:
@@ -179,17 +198,35 @@ def report(a: argparse.Namespace, per_rank: List[Dict[str, List[Dict[str, Any]]]
     stage_ms = {k: statistics.median(run["stage_ms"][k] for run in serial) for k in serial[0]["stage_ms"]}
     host = sum(v for k, v in stage_ms.items() if k != Stage.COMPUTE.value)
     compute = stage_ms.get(Stage.COMPUTE.value, 0.0)
-    print(f"\n--device-ms {a.device_ms}: {a.tables} tables x {a.rows} rows x dim {a.dim}, row_wise; batch {a.batch}, "
-          f"{a.ids_per_sample} IDs/sample/table ({a.batch * a.ids_per_sample * a.tables} per batch and rank); "
-          f"{a.runs} runs x {a.steps} steps")
+    print(f"\n--device-ms {a.device_ms}, rows {a.row_layout}: {a.tables} tables x {a.rows} rows x dim {a.dim}, "
+          f"row_wise; batch {a.batch}, {a.ids_per_sample} IDs/sample/table "
+          f"({a.batch * a.ids_per_sample * a.tables} per batch and rank); {a.runs} runs x {a.steps} steps")
     print("  serial step (depth 1, rank 0): " + ", ".join(f"{k} {v:.2f} ms" for k, v in stage_ms.items()))
     print(f"  host stages {host:.1f} ms = {100 * host / (host + compute):.0f}% of a serial step "
           f"(compute {compute:.1f} ms, of which {a.device_ms} ms emulated device time)")
-    base, stock = median[f"depth {a.depths[0]}"], median["stock"]
+    serial_name, cores = f"depth {a.depths[0]}", os.cpu_count() or 1
+
+    def busy(name: str) -> float:  # cores busy: both ranks' CPU seconds (all threads) per wall second, median of runs
+        return statistics.median(sum(r[name][i]["cores_busy"] for r in per_rank) for i in range(a.runs))
+
+    def compute_ms(name: str) -> float:  # COMPUTE ms per step on the slower rank (median of runs); 0: not timed
+        return max(statistics.median(run["stage_ms"].get(Stage.COMPUTE.value, 0.0) for run in r[name])
+                   for r in per_rank)
+
+    base, stock = median[serial_name], median["stock"]
     for name in names:
         runs = ", ".join(f"{r:.1f}" for r in rates[name])
+        timed = f"compute {compute_ms(name):.2f} ms of a {1e3 / median[name]:.2f} ms step, " if compute_ms(name) else ""
         print(f"  {name:>8}: {median[name]:6.2f} steps/s (runs: {runs})  vs depth {a.depths[0]}: "
-              f"{median[name] / base:.2f}x  vs stock: {median[name] / stock:.2f}x")
+              f"{median[name] / base:.2f}x  vs stock: {median[name] / stock:.2f}x  {timed}cores busy {busy(name):.2f}")
+    # What bounds a deeper pipeline: a step is never shorter than its compute on the caller's thread (which the host
+    # lanes slow by running beside it), and overlap moves work onto idle cores without removing any.
+    for depth in a.depths[1:]:
+        name = f"depth {depth}"
+        print(f"  ceilings of {name}: a step is no shorter than its compute, {compute_ms(name):.2f} ms here "
+              f"({compute_ms(serial_name):.2f} at {serial_name}: the host lanes run beside it), against a serial step "
+              f"of {1e3 / base:.2f} ms: {1e3 / base / compute_ms(name):.2f}x; the cores "
+              f"{serial_name} leaves idle ({busy(serial_name):.2f} of {cores} busy): {cores / busy(serial_name):.2f}x")
 
 
 def main() -> int:
@@ -207,6 +244,8 @@ def main() -> int:
     parser.add_argument("--ids-per-sample", type=int, default=32)
     parser.add_argument("--id-capacity", type=int, default=1 << 20)
     parser.add_argument("--dense", type=int, default=16)
+    parser.add_argument("--row-layouts", nargs="+", choices=list(ROW_LAYOUTS), default=list(ROW_LAYOUTS),
+                        help="IDs' rows as the ID map hands them out, or spread over the shards; one benchmark each")
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--cases", help="(set by the launcher) JSON list holding one benchmark's settings")
     parser.add_argument("--out", help="(set by the launcher) where rank 0 writes results")
@@ -214,9 +253,9 @@ def main() -> int:
     if a.cases:  # a rank
         a.__dict__.update(json.loads(a.cases)[0])
         rank_main(a)  # ends the process
-    for device_ms in a.device_ms:
-        settings = {k: v for k, v in vars(a).items() if k not in ("cases", "out", "device_ms")}
-        settings["device_ms"] = device_ms
+    for device_ms, row_layout in itertools.product(a.device_ms, a.row_layouts):
+        settings = {k: v for k, v in vars(a).items() if k not in ("cases", "out", "device_ms", "row_layouts")}
+        settings.update(device_ms=device_ms, row_layout=row_layout)
         run = run_distributed(Path(__file__), world_size=2, cases=[settings], timeout=900)
         report(argparse.Namespace(**settings), run["results"][0]["per_rank"])
     return 0

@@ -3,8 +3,8 @@
 A result is plain JSON: ``{"title", "baseline", "rows", "targets", "notes"}``, and ``"throughput"`` for a
 benchmark of training speed (drawn in the report's figure). ``rows`` is a list of flat dicts
 (one table row each; the columns are the union of their keys, in first-seen order), ``targets`` a list of
-:func:`target` records. Benchmarks with ``--json PATH`` write one; ``run_all.py`` builds the same shape from the
-printed output of the scripts that have no such flag.
+:func:`target` records (each may say what bounds its figure on this machine). Benchmarks with ``--json PATH``
+write one; ``run_all.py`` builds the same shape from the printed output of the scripts that have no such flag.
 
 Example::
 
@@ -24,7 +24,8 @@ from typing import Any, Dict, List, Optional, Tuple
 COMPARISONS = {">=": operator.ge, "<=": operator.le}
 
 
-def target(what: str, value: Optional[float], comparison: str, threshold: float) -> Dict[str, Any]:
+def target(what: str, value: Optional[float], comparison: str, threshold: float,
+           bound: Optional[str] = None) -> Dict[str, Any]:
     """A target record: ``what`` measured ``value``; met when ``value <comparison> threshold``.
 
     Args:
@@ -32,6 +33,8 @@ def target(what: str, value: Optional[float], comparison: str, threshold: float)
         value: the measured value; None when it could not be measured (then the target is not met).
         comparison: ``">="`` or ``"<="``.
         threshold: the target value.
+        bound: what bounds the figure on this machine, from what the same run measured (the report shows it under
+            a target not met).
 
     Raises:
         ValueError: ``comparison`` is neither ``">="`` nor ``"<="``.
@@ -39,7 +42,8 @@ def target(what: str, value: Optional[float], comparison: str, threshold: float)
     if comparison not in COMPARISONS:
         raise ValueError(f"target {what!r}: comparison must be one of {sorted(COMPARISONS)}, got {comparison!r}")
     met = value is not None and COMPARISONS[comparison](value, threshold)
-    return {"what": what, "value": value, "target": f"{comparison} {threshold:g}", "threshold": threshold, "met": met}
+    record = {"what": what, "value": value, "target": f"{comparison} {threshold:g}", "threshold": threshold, "met": met}
+    return {**record, "bound": bound} if bound else record
 
 
 def make_result(title: str, baseline: str, rows: List[Dict[str, Any]], targets: List[Dict[str, Any]],
