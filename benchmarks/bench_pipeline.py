@@ -17,8 +17,8 @@ as the host stages: on a machine with no spare core per rank, overlap cannot spe
 
 Each depth's line also gives its compute per step (the slower rank) and the cores busy (both ranks' CPU seconds per
 wall second); from them, two ceilings of every deeper pipeline: a step is no shorter than its compute (which runs
-on the caller's thread while the host lanes work beside it), and overlap only moves work onto the cores the serial
-pipeline leaves idle.
+on the caller's thread, sharing the rank's interpreter and cores with the host lanes), and overlap only moves work
+onto the cores the serial pipeline leaves idle (while a step's CPU work stays the same).
 
 Run briefly (it launches its own 2 ranks)::
 
@@ -219,14 +219,19 @@ def report(a: argparse.Namespace, per_rank: List[Dict[str, List[Dict[str, Any]]]
         timed = f"compute {compute_ms(name):.2f} ms of a {1e3 / median[name]:.2f} ms step, " if compute_ms(name) else ""
         print(f"  {name:>8}: {median[name]:6.2f} steps/s (runs: {runs})  vs depth {a.depths[0]}: "
               f"{median[name] / base:.2f}x  vs stock: {median[name] / stock:.2f}x  {timed}cores busy {busy(name):.2f}")
-    # What bounds a deeper pipeline: a step is never shorter than its compute on the caller's thread (which the host
-    # lanes slow by running beside it), and overlap moves work onto idle cores without removing any.
+    # What bounds a deeper pipeline: a step is never shorter than its compute on the caller's thread, and overlap
+    # moves work onto idle cores without removing any (a ceiling only while a step's CPU work stays the same). On the
+    # CPU the compute is Python and torch ops that take turns with the host lanes' on the rank's interpreter lock, so
+    # it grows as the lanes work beside it; emulated device time (--device-ms) needs neither, and there the host
+    # stages hide behind it.
     for depth in a.depths[1:]:
         name = f"depth {depth}"
         print(f"  ceilings of {name}: a step is no shorter than its compute, {compute_ms(name):.2f} ms here "
-              f"({compute_ms(serial_name):.2f} at {serial_name}: the host lanes run beside it), against a serial step "
-              f"of {1e3 / base:.2f} ms: {1e3 / base / compute_ms(name):.2f}x; the cores "
-              f"{serial_name} leaves idle ({busy(serial_name):.2f} of {cores} busy): {cores / busy(serial_name):.2f}x")
+              f"({compute_ms(serial_name):.2f} at {serial_name}: the host lanes share the rank's Python interpreter "
+              f"and cores with it), against a serial step of {1e3 / base:.2f} ms: "
+              f"{1e3 / base / compute_ms(name):.2f}x; the cores "
+              f"{serial_name} leaves idle ({busy(serial_name):.2f} of {cores} busy): {cores / busy(serial_name):.2f}x "
+              f"if a step's CPU work stays what it is at {serial_name}")
 
 
 def main() -> int:

@@ -63,8 +63,9 @@ PIPELINE_OUT = "\n".join([
     "   depth 3:  73.63 steps/s (runs: 64.5, 90.7)  vs depth 1: 1.62x  vs stock: 1.68x  compute 13.20 ms "
     "of a 13.58 ms step, cores busy 1.60",
     "  ceilings of depth 3: a step is no shorter than its compute, 13.20 ms here (13.54 at depth 1: the "
-    "host lanes run beside it), against a serial step of 21.95 ms: 1.66x; the cores depth 1 leaves idle "
-    "(1.32 of 2 busy): 1.52x",
+    "host lanes share the rank's Python interpreter and cores with it), against a serial step of "
+    "21.95 ms: 1.66x; the cores depth 1 leaves idle "
+    "(1.32 of 2 busy): 1.52x if a step's CPU work stays what it is at depth 1",
     "",
     "--device-ms 0.0, rows spread: 4 tables x 100000 rows x dim 16, row_wise; batch 512, 32 "
     "IDs/sample/table; 5 runs x 20 steps",
@@ -76,8 +77,9 @@ PIPELINE_OUT = "\n".join([
     "   depth 3:  95.64 steps/s (runs: 77.6, 95.6)  vs depth 1: 1.21x  vs stock: 1.05x  compute 10.13 ms "
     "of a 10.46 ms step, cores busy 1.59",
     "  ceilings of depth 3: a step is no shorter than its compute, 10.13 ms here (7.40 at depth 1: the "
-    "host lanes run beside it), against a serial step of 12.67 ms: 1.25x; the cores depth 1 leaves idle "
-    "(1.45 of 2 busy): 1.38x",
+    "host lanes share the rank's Python interpreter and cores with it), against a serial step of "
+    "12.67 ms: 1.25x; the cores depth 1 leaves idle "
+    "(1.45 of 2 busy): 1.38x if a step's CPU work stays what it is at depth 1",
     "",
     "--device-ms 8.0, rows as mapped: 4 tables x 100000 rows x dim 16, row_wise; batch 512, 32 "
     "IDs/sample/table; 5 runs x 20 steps",
@@ -89,8 +91,9 @@ PIPELINE_OUT = "\n".join([
     "   depth 3:  43.03 steps/s (runs: 43.0, 39.4)  vs depth 1: 1.30x  vs stock: 1.22x  compute 22.10 ms "
     "of a 23.24 ms step, cores busy 1.10",
     "  ceilings of depth 3: a step is no shorter than its compute, 22.10 ms here (20.79 at depth 1: the "
-    "host lanes run beside it), against a serial step of 30.22 ms: 1.37x; the cores depth 1 leaves idle "
-    "(0.88 of 2 busy): 2.27x",
+    "host lanes share the rank's Python interpreter and cores with it), against a serial step of "
+    "30.22 ms: 1.37x; the cores depth 1 leaves idle "
+    "(0.88 of 2 busy): 2.27x if a step's CPU work stays what it is at depth 1",
     "",
 ])
 
@@ -145,7 +148,7 @@ def test_parse_pipeline_applies_the_target_only_where_host_stages_reach_30_perce
     assert mapped["value"] == 1.62 and mapped["met"] and "--device-ms 0, rows as mapped" in mapped["what"]
     assert spread["value"] == 1.21 and not spread["met"] and "--device-ms 0, rows spread" in spread["what"]
     assert spread["bound"].startswith("a step is no shorter than its compute, 10.13 ms here")
-    assert spread["bound"].endswith("(1.45 of 2 busy): 1.38x")
+    assert spread["bound"].endswith("(1.45 of 2 busy): 1.38x if a step's CPU work stays what it is at depth 1")
     assert any("27%" in note and "does not apply" in note for note in result["notes"])
 
 
