@@ -243,16 +243,17 @@ def step_gap(fused: List[Dict[str, float]], key_value: List[Dict[str, float]], s
     bound = (f"the host work a {name} step adds to a FUSED one, {gap:.2f} ms a step (where it goes: above), runs on "
              f"the same host cores as the rest of the step; with the host store free the ratio would be "
              f"{without_store:.2f}")
-    account = (f"where a {name} step goes beyond a FUSED one (rank {rank}, the longer mapping; means over the timed "
-            f"steps): {ms['seconds']:.2f} ms against {fused_ms:.2f} ms, a gap of {gap:.2f} ms. Its ID "
-            f"mapping takes {ms['mapping_s']:.2f} ms ({mapping_gap:.2f} more than FUSED's): {parts} (host store: its "
-            f"put and pop, index passes and row copies in host memory; row copies: the cache's rows packed for the "
-            f"host and unpacked from it), eviction policy {ms['policy_s']:.2f}, slot tables and the rest "
-            f"{rest:.2f} (unique IDs, lookups, masks and map updates, new rows' initial values, Python); outside the "
-            f"mapping {gap - mapping_gap:.2f} ms (the collectives wait for the rank whose mapping took longer). "
-            f"{THROUGHPUT_TARGET:g}x FUSED needs a step of {fused_ms / THROUGHPUT_TARGET:.2f} ms, "
-            f"{ms['seconds'] - fused_ms / THROUGHPUT_TARGET:.2f} less; with the host store free the step would be "
-            f"{without_store:.2f}x FUSED's")
+    account = (
+        f"where a {name} step goes beyond a FUSED one (rank {rank}, the longer mapping; means over the timed steps): "
+        f"{ms['seconds']:.2f} ms against {fused_ms:.2f} ms, a gap of {gap:.2f} ms. Its ID mapping takes "
+        f"{ms['mapping_s']:.2f} ms ({mapping_gap:.2f} more than FUSED's): {parts} (host store: its put and pop, index "
+        f"passes and row copies in host memory; row copies: the cache's rows packed for the host and unpacked from "
+        f"it), eviction policy {ms['policy_s']:.2f}, slot tables and the rest {rest:.2f} (unique IDs, lookups, masks "
+        f"and map updates, new rows' initial values, Python); outside the mapping {gap - mapping_gap:.2f} ms (the "
+        f"collectives wait for the rank whose mapping took longer). {THROUGHPUT_TARGET:g}x FUSED needs a step of "
+        f"{fused_ms / THROUGHPUT_TARGET:.2f} ms, {ms['seconds'] - fused_ms / THROUGHPUT_TARGET:.2f} less; with the "
+        f"host store free the step would be {without_store:.2f}x FUSED's"
+    )
     return account, bound
 
 

@@ -59,11 +59,12 @@ from torchrec_ascend.shutdown import end_rank
 
 SCRAMBLE, INT63_MASK = 0x9E3779B97F4A7C15, (1 << 63) - 1  # as bench_id_map.py: Zipf ranks over the int64 range
 # An ID map slot -> a table row. The map hands out slots in first-seen order, so "as mapped" puts a Zipf stream's
-# IDs in the lowest rows: 96% of them in rank 0's row-wise shard, whose rank then does nearly all the embedding work
-# while the other waits. "spread" scatters them over the rows (and shards) as hashed IDs are in a real table.
+# IDs in the lowest rows: 96% of them in rank 0's row-wise shard (default sizes), whose rank then does nearly all
+# the embedding work while the other waits. "spread" scatters them over the rows (and shards) as hashed IDs are in
+# a real table.
 ROW_LAYOUTS: Dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
     "as mapped": lambda slots, rows: slots.remainder(rows),
-    "spread": lambda slots, rows: (slots * 2654435761).remainder(rows),  # an odd multiplier: a bijection mod 2**k
+    "spread": lambda slots, rows: (slots * 2654435761).remainder(rows),  # Knuth's multiplicative hash
 }
 
 
