@@ -42,6 +42,7 @@ from dlrm_workload import (
     init_rank,
     make_batches,
     paired_ratio,
+    round_ratios,
     run_benchmark,
     samples_per_s,
     shard,
@@ -118,7 +119,7 @@ def mapping_bound(hashed: Dict[str, Any], stock: Dict[str, Any]) -> str:
     """What bounds hash / stock: a hash step is a stock step plus its ID mapping, so at the mapping's share of the
     step the ratio is about 1 - share; and how far single rounds' ratios spread around that on this machine."""
     share = hashed["mapping_share"]
-    rounds = [h / s for h, s in zip(hashed["samples_per_s"], stock["samples_per_s"])]
+    rounds = round_ratios(hashed["samples_per_s"], stock["samples_per_s"])
     return (f"a hash step is a stock step plus its ID mapping on the host ({100 * share:.1f}% of the step, the worse "
             f"rank), so about {1 - share:.2f}x stock; single rounds' ratios ranged {min(rounds):.2f}-"
             f"{max(rounds):.2f} in this run")

@@ -308,13 +308,18 @@ def samples_per_s(v: Variant, w: Workload, steps: int, world: int) -> List[float
     return [steps * w.batch * world / s for s in v.seconds]
 
 
+def round_ratios(runs: Sequence[float], baseline_runs: Sequence[float]) -> List[float]:
+    """Per round ``r``, ``runs[r] / baseline_runs[r]``."""
+    return [run / base for run, base in zip(runs, baseline_runs)]
+
+
 def paired_ratio(runs: Sequence[float], baseline_runs: Sequence[float]) -> float:
     """Median over rounds of ``runs[r] / baseline_runs[r]``.
 
     The variants of a round run back to back, so a round's ratio cancels most of the load other jobs put on the
     machine at that time; the ratio of two medians would mix rounds run under different loads.
     """
-    return statistics.median(run / base for run, base in zip(runs, baseline_runs))
+    return statistics.median(round_ratios(runs, baseline_runs))
 
 
 def init_rank() -> dist.ProcessGroup:
